@@ -1,0 +1,87 @@
+"""The seam between engines and scheduling policies.
+
+The engine owns queues and memory; a policy owns its own state (counters, windows) and answers
+the engine's questions. Call order on one engine, for every request:
+`on_arrival` (may reject) -> `pick` ... `on_admit` -> `on_decode` (per decode run) -> `on_finish`.
+`pick` is asked repeatedly while a batch is formed; when the picked request cannot be admitted
+(memory, prefill budget or running cap) the engine calls `on_blocked` and stops forming the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from simulator.queue import WaitingQueue
+from traces.schema import Trace
+
+
+class Policy(Protocol):
+    name: str
+
+    def bind(self, trace: Trace) -> None:
+        """Reset all state for a run over `trace` (called once before the run starts)."""
+        ...
+
+    def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        """A request arrives (before it joins `queue`). Return a rejection reason, or None."""
+        ...
+
+    def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        """The waiting request to admit next, or None to admit nothing more now."""
+        ...
+
+    def on_admit(self, req: int, now: float) -> None:
+        """`req` left the queue and is prefilled in the step starting at `now`."""
+        ...
+
+    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> None:
+        """`req` was picked but does not fit; batch forming stops after this call."""
+        ...
+
+    def on_decode(self, running_clients: np.ndarray, step_ends: np.ndarray) -> None:
+        """Decode steps ended at the times `step_ends`; in each, every running request (its client
+        listed once per request in `running_clients`) produced one token. Engines may report
+        several steps at once (fast-forward); a policy must give the same state either way."""
+        ...
+
+    def on_finish(self, req: int, now: float) -> None:
+        """`req` produced its last token at `now` and left the batch."""
+        ...
+
+    def preemption_victim(self, running: list[int]) -> int:
+        """Which running request a preempting engine (vLLM-style) evicts; `running` is in
+        admission order."""
+        ...
+
+
+class BasePolicy:
+    """No-op hooks, so a policy only writes the ones it needs."""
+
+    name = "base"
+
+    def bind(self, trace: Trace) -> None:
+        self.trace = trace
+
+    def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        return None
+
+    def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        raise NotImplementedError
+
+    def on_admit(self, req: int, now: float) -> None:
+        return None
+
+    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> None:
+        return None
+
+    def on_decode(self, running_clients: np.ndarray, step_ends: np.ndarray) -> None:
+        return None
+
+    def on_finish(self, req: int, now: float) -> None:
+        return None
+
+    def preemption_victim(self, running: list[int]) -> int:
+        """vLLM's FCFS rule: the most recently admitted request."""
+        return running[-1]

@@ -1,0 +1,13 @@
+"""First come, first served: admit in arrival order, stop at the first request that does not fit."""
+
+from __future__ import annotations
+
+from policies.base import BasePolicy
+from simulator.queue import WaitingQueue
+
+
+class FCFS(BasePolicy):
+    name = "fcfs"
+
+    def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        return queue.oldest()

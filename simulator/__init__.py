@@ -1,0 +1,1 @@
+"""The simulator: engines, timelines, metrics, run folders and the `fairsim` command."""

@@ -1,0 +1,68 @@
+"""`fairsim`: compose the Hydra config, run it, write the run folder, print a per-client table."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from omegaconf import DictConfig
+
+from simulator.run import run_config
+from traces.schema import TraceError
+
+
+def _progress(now: float, finished: int, total: int) -> None:
+    print(f"  t={now:9.1f} s  {finished}/{total} requests done", file=sys.stderr, flush=True)
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    return "-" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A readable per-client table plus the run's totals."""
+    head = (
+        f"{'client':<12}{'requests':>9}{'done':>7}{'out tok':>10}"
+        f"{'TTFT mean':>11}{'TTFT p99':>10}{'TPOT mean':>11}{'E2E mean':>10}"
+    )
+    lines = [head, "-" * len(head)]
+    for client, s in summary["latency"].items():
+        if client == "all":
+            lines.append("-" * len(head))
+        lines.append(
+            f"{client:<12}{s['requests']:>9}{s['completed']:>7}{s['output_tokens']:>10}"
+            f"{_fmt(s['ttft']['mean']):>11}{_fmt(s['ttft']['p99']):>10}"
+            f"{_fmt(s['tpot']['mean'], 4):>11}{_fmt(s['e2e']['mean']):>10}"
+        )
+    counts = ", ".join(f"{k} {v}" for k, v in summary["status_counts"].items())
+    lines += [
+        "",
+        f"requests: {counts}",
+        f"throughput (prompt+output of completed / last finish): "
+        f"{_fmt(summary['throughput_tokens_per_s'], 1)} tokens/s",
+        f"KV pool use: mean {_fmt(100 * summary['kv_utilisation']['mean'], 1)}%, "
+        f"peak {_fmt(100 * summary['kv_utilisation']['peak'], 1)}% of "
+        f"{summary['pool_tokens']} tokens",
+        "times in seconds",
+    ]
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
+def _main(cfg: DictConfig) -> None:
+    out_dir = HydraConfig.get().runtime.output_dir
+    try:
+        _, outputs = run_config(cfg, out_dir, _progress if cfg.get("progress") else None)
+    except (InstantiationException, TraceError, ValueError, FileNotFoundError) as err:
+        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
+        print(f"fairsim: error: {cause}", file=sys.stderr)
+        sys.exit(2)
+    print(format_summary(outputs.summary))
+    print(f"run folder: {out_dir}")
+
+
+def main() -> None:
+    _main()

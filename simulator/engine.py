@@ -1,0 +1,339 @@
+"""The S-LoRA router engine the VTC and FairServe papers measured (spec: engine.md section 1).
+
+One iteration is one GPU step. With nothing running the scheduler is asked at once and an admitted
+mini-batch is prefilled; after a prefill the batch decodes `max_wait_tokens` steps before the
+scheduler is asked again, and from then on it is asked before every step. Admitting a mini-batch
+makes that step a prefill-only step. No chunked prefill, no preemption; the server knows each
+request's output length, and the fit test below keeps the KV pool from ever running out.
+
+KV accounting is token-granular: a running request holds prompt + generated - 1 tokens (the newest
+token's KV is written by the next decode step), at most prompt + output - 1, freed on finish.
+
+Event order at one instant: arrivals up to time t are processed before the effects (tokens,
+charges, finishes) of the step ending at t, and the scheduler decides after both.
+
+Fast-forward: when nothing can change the schedule (no finish, and no consultation of the
+scheduler that could admit) the engine computes many decode steps in one vectorised go; arrivals
+falling inside are still processed in order between the steps' effects, so the result is
+bit-identical to stepping one by one (`fast_forward=False`).
+"""
+
+from __future__ import annotations
+
+import time as wallclock
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from cost_models.base import StepCostModel
+from policies.base import Policy
+from simulator.queue import WaitingQueue
+from simulator.timeline import (
+    COMPLETED,
+    DECODE,
+    IN_FLIGHT,
+    PREFILL,
+    REFUSED,
+    REJECTED,
+    StepLog,
+    Timeline,
+)
+from traces.schema import Trace
+
+MAX_RUN_STEPS = 4096  # cap on one fast-forward run, to bound temporary arrays
+
+Progress = Callable[[float, int, int], None]  # (simulated time, finished requests, total)
+
+
+@dataclass(frozen=True)
+class SLoRAConfig:
+    """Knobs of the S-LoRA router engine; defaults are the VTC paper's A10G runs (reserve 0)."""
+
+    pool_tokens: int = 10_000
+    max_wait_tokens: int = 10
+    batch_max_tokens: int = 3072
+    running_max_req_size: int = 1000
+    reserve_per_client: int = 0
+    fast_forward: bool = True
+    horizon: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("pool_tokens", "batch_max_tokens", "running_max_req_size"):
+            v = getattr(self, name)
+            if int(v) != v or v < 1:
+                raise ValueError(f"engine.{name} must be an integer >= 1, got {v!r}")
+        for name in ("max_wait_tokens", "reserve_per_client"):
+            v = getattr(self, name)
+            if int(v) != v or v < 0:
+                raise ValueError(f"engine.{name} must be an integer >= 0, got {v!r}")
+        if self.reserve_per_client >= self.pool_tokens:
+            raise ValueError("engine.reserve_per_client must be smaller than engine.pool_tokens")
+        if self.horizon is not None and not (np.isfinite(self.horizon) and self.horizon > 0):
+            raise ValueError(f"engine.horizon must be null or a number > 0, got {self.horizon!r}")
+
+
+def peak_kv_need(current: np.ndarray, remaining: np.ndarray) -> int:
+    """Peak future KV use if every request runs to its full length (S-LoRA's fit test).
+
+    Sort by remaining tokens, descending; when the i-th request finishes, requests 1..i are all
+    still running and have each grown by remaining_i tokens.
+    """
+    order = np.argsort(-remaining, kind="stable")
+    rem = remaining[order]
+    held = np.cumsum(current[order])
+    return int((rem * np.arange(1, rem.shape[0] + 1) + held).max())
+
+
+class SLoRAEngine:
+    """Runs one trace through the engine as a SimPy process and records its timeline."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        cost: StepCostModel,
+        config: SLoRAConfig,
+        progress: Progress | None = None,
+    ) -> None:
+        self.trace, self.policy, self.cost, self.cfg = trace, policy, cost, config
+        self.progress = progress
+        n = len(trace)
+        self.prompt = trace.prompt_len
+        self.output = trace.output_len
+        self.client = trace.client
+        self.arrival = trace.arrival
+        self.queue = WaitingQueue(trace.client.tolist())
+        self.status = np.full(n, IN_FLIGHT, dtype=np.int8)
+        self.reason = np.full(n, "not_arrived", dtype=object)
+        self.admitted_at = np.full(n, np.nan)
+        self.first_token_at = np.full(n, np.nan)
+        self.finished_at = np.full(n, np.nan)
+        self.first_decode = np.full(n, -1, dtype=np.int64)
+        self.finish_decode = np.full(n, -1, dtype=np.int64)  # decode count when it finishes
+        self.steps = StepLog()
+        self.running: list[int] = []
+        self.running_clients: dict[int, int] = {}
+        self.now = 0.0
+        self.decodes = 0  # decode steps so far
+        self.wait_steps = 0  # decode steps since the last prefill (capped at max_wait_tokens)
+        self.kv_used = 0
+        self.next_row = 0  # next trace row to arrive
+        self.finished = 0
+
+    # ---- public -------------------------------------------------------------------------
+    def run(self) -> Timeline:
+        self.policy.bind(self.trace)
+        env = simpy.Environment()
+        env.process(self._loop(env))
+        env.run()
+        horizon = self.cfg.horizon
+        self._ingest(self.now if horizon is None else max(self.now, horizon))
+        generated = np.where(
+            self.first_decode >= 0, np.minimum(self.decodes - self.first_decode + 1, self.output), 0
+        )
+        self.reason[(self.status == IN_FLIGHT) & (self.first_decode >= 0)] = "running"
+        return Timeline(
+            trace=self.trace,
+            status=self.status,
+            reason=np.where(self.status == COMPLETED, None, self.reason),
+            admitted_at=self.admitted_at,
+            first_token_at=self.first_token_at,
+            finished_at=self.finished_at,
+            generated=generated.astype(np.int64),
+            first_decode=self.first_decode,
+            steps=self.steps.columns(),
+            pool_tokens=self.cfg.pool_tokens,
+            info={"engine": "slora", "end_time": self.now, "decode_steps": self.decodes},
+        )
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _loop(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        cfg = self.cfg
+        last_report = wallclock.monotonic()
+        while True:
+            if self.progress is not None and wallclock.monotonic() - last_report > 1.0:
+                last_report = wallclock.monotonic()
+                self.progress(self.now, self.finished, len(self.trace))
+            self._ingest(self.now)
+            if cfg.horizon is not None and self.now >= cfg.horizon:
+                return
+            if not self.running or (self.wait_steps >= cfg.max_wait_tokens and len(self.queue)):
+                batch = self._form_batch()
+                if batch:
+                    yield from self._prefill(env, batch)
+                    continue
+            if not self.running:
+                if self.next_row >= len(self.trace):
+                    return
+                nxt = float(self.arrival[self.next_row])
+                if cfg.horizon is not None and nxt > cfg.horizon:
+                    return
+                yield env.timeout(max(0.0, nxt - env.now))
+                self.now = nxt
+                continue
+            yield from self._decode_run(env)
+
+    def _ingest(self, until: float) -> None:
+        """Process every arrival with time <= `until` (and within the horizon), in order."""
+        limit = until if self.cfg.horizon is None else min(until, self.cfg.horizon)
+        while self.next_row < len(self.trace) and self.arrival[self.next_row] <= limit:
+            self._arrive(self.next_row)
+            self.next_row += 1
+
+    def _arrive(self, req: int) -> None:
+        cfg = self.cfg
+        p, o = int(self.prompt[req]), int(self.output[req])
+        if p + o + 1 > cfg.pool_tokens - cfg.reserve_per_client:
+            self._end(req, REFUSED, "kv_pool_too_small")
+            return
+        if p > cfg.batch_max_tokens:
+            self._end(req, REFUSED, "prompt_exceeds_batch_max_tokens")
+            return
+        rejection = self.policy.on_arrival(req, float(self.arrival[req]), self.queue)
+        if rejection is not None:
+            self._end(req, REJECTED, rejection)
+            return
+        self.reason[req] = "queued"
+        self.queue.push(req)
+
+    def _end(self, req: int, status: int, reason: str | None) -> None:
+        self.status[req] = status
+        self.reason[req] = reason
+        self.finished += 1
+
+    # ---- admission ----------------------------------------------------------------------
+    def _form_batch(self) -> list[int]:
+        """Ask the policy for requests until one does not fit (then stop: no look-ahead)."""
+        batch: list[int] = []
+        tokens = 0
+        while len(self.queue):
+            req = self.policy.pick(self.queue, self.now)
+            if req is None:
+                break
+            if tokens + self.prompt[req] > self.cfg.batch_max_tokens or not self._fits(req, batch):
+                self.policy.on_blocked(req, self.now, self.queue)
+                break
+            self.queue.remove(req)
+            batch.append(req)
+            tokens += int(self.prompt[req])
+            self.policy.on_admit(req, self.now)
+        return batch
+
+    def _fits(self, req: int, pending: list[int]) -> bool:
+        """S-LoRA's test: peak future KV need < pool - reserve, and the running cap holds."""
+        cfg = self.cfg
+        newcomers = np.asarray([*pending, req], dtype=np.int64)
+        n_total = len(self.running) + newcomers.shape[0]
+        if n_total > cfg.running_max_req_size:
+            return False
+        run = np.asarray(self.running, dtype=np.int64)
+        gen = self.decodes - self.first_decode[run] + 1
+        current = np.concatenate([self.prompt[run] + gen, self.prompt[newcomers] + 1])
+        remaining = np.concatenate([self.output[run] - gen - 1, self.output[newcomers] - 1])
+        clients = set(self.running_clients) | set(self.client[newcomers].tolist())
+        reserve = cfg.reserve_per_client * len(clients)
+        return peak_kv_need(current, remaining) < cfg.pool_tokens - reserve
+
+    # ---- steps --------------------------------------------------------------------------
+    def _prefill(
+        self, env: simpy.Environment, batch: list[int]
+    ) -> Generator[simpy.Event, None, None]:
+        idx = np.asarray(batch, dtype=np.int64)
+        start = self.now
+        end = start + self.cost.prefill_time(self.prompt[idx])
+        yield env.timeout(max(0.0, end - env.now))
+        self.admitted_at[idx] = start
+        self.first_token_at[idx] = end
+        self.first_decode[idx] = self.decodes
+        self.finish_decode[idx] = self.decodes + self.output[idx] - 1
+        for req in batch:
+            self.running.append(req)
+            c = int(self.client[req])
+            self.running_clients[c] = self.running_clients.get(c, 0) + 1
+        self.kv_used += int(self.prompt[idx].sum())  # the first output token has no KV yet
+        self._check_pool()
+        self.steps.append(start, end, PREFILL, len(batch), int(self.prompt[idx].sum()), self.kv_used)
+        self.now = end
+        self.wait_steps = 0
+        self._ingest(end)
+        self._finish_due()
+
+    def _plan_run(self) -> int:
+        """Upper bound on decode steps before anything could change the schedule."""
+        cfg = self.cfg
+        until_finish = int(self.finish_decode[self.running].min()) - self.decodes
+        if not cfg.fast_forward:
+            return 1
+        wait_left = cfg.max_wait_tokens - self.wait_steps
+        if len(self.queue):
+            return min(until_finish, max(wait_left, 1), MAX_RUN_STEPS)
+        return min(until_finish, MAX_RUN_STEPS)
+
+    def _decode_run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        cfg = self.cfg
+        n = len(self.running)
+        k = self._plan_run()
+        context = self.kv_used + n * np.arange(1, k + 1, dtype=np.int64)  # KV read in each step
+        durations = self.cost.decode_times(n, context)
+        ends = np.cumsum(np.concatenate(([self.now], durations)))[1:]
+        starts = np.concatenate(([self.now], ends[:-1]))
+        if k > 1 and not len(self.queue) and self.next_row < len(self.trace):
+            # stop at the step whose end sees the next arrival, unless still inside the wait
+            seen = int(np.searchsorted(ends, self.arrival[self.next_row], side="left")) + 1
+            k = min(k, max(cfg.max_wait_tokens - self.wait_steps, seen))
+        if cfg.horizon is not None:
+            k = min(k, int(np.searchsorted(starts, cfg.horizon, side="left")))
+            if k == 0:
+                self.now = cfg.horizon
+                return
+        ends, starts = ends[:k], starts[:k]
+        yield env.timeout(max(0.0, float(ends[-1]) - env.now))
+
+        clients = self.client[self.running]
+        done = 0
+        while self.next_row < len(self.trace) and self.arrival[self.next_row] <= ends[-1]:
+            a = float(self.arrival[self.next_row])
+            if cfg.horizon is not None and a > cfg.horizon:
+                break
+            j = int(np.searchsorted(ends, a, side="left"))
+            if j > done:
+                self.policy.on_decode(clients, ends[done:j])
+                done = j
+            self._arrive(self.next_row)
+            self.next_row += 1
+        if done < k:
+            self.policy.on_decode(clients, ends[done:])
+
+        self.steps.append(starts, ends, DECODE, n, n, context[:k])
+        self.decodes += k
+        self.kv_used += n * k
+        self._check_pool()
+        self.wait_steps = min(cfg.max_wait_tokens, self.wait_steps + k)
+        self.now = float(ends[-1])
+        self._finish_due()
+
+    def _finish_due(self) -> None:
+        """Release every running request that has produced its last token."""
+        done = [r for r in self.running if self.finish_decode[r] == self.decodes]
+        if not done:
+            return
+        for req in done:
+            self.finished_at[req] = self.now
+            self._end(req, COMPLETED, None)
+            self.kv_used -= int(self.prompt[req] + self.output[req] - 1)
+            c = int(self.client[req])
+            self.running_clients[c] -= 1
+            if not self.running_clients[c]:
+                del self.running_clients[c]
+        self.running = [r for r in self.running if self.finish_decode[r] != self.decodes]
+        for req in done:
+            self.policy.on_finish(req, self.now)
+
+    def _check_pool(self) -> None:
+        if self.kv_used > self.cfg.pool_tokens:
+            raise RuntimeError(
+                f"KV pool over-committed: {self.kv_used} > {self.cfg.pool_tokens} tokens "
+                "(the fit test should make this impossible; please report it)"
+            )

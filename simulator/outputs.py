@@ -1,0 +1,105 @@
+"""The run folder: the public output contract (documented in docs/outputs.md).
+
+`write_run` writes requests.parquet, tokens.parquet, steps.parquet and summary.json;
+`load_run` reads them back into a `RunOutputs`, so notebooks and later analyses never need the
+simulator's internals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simulator import metrics
+from simulator.timeline import STATUSES, Timeline
+
+FILES = ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json")
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    requests: pd.DataFrame
+    tokens: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """A stable hash of the resolved configuration (sorted-key JSON)."""
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def summarize(
+    timeline: Timeline,
+    requests: pd.DataFrame,
+    tokens: pd.DataFrame,
+    steps: pd.DataFrame,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    counts = requests.status.value_counts()
+    reasons = requests[requests.status != "completed"].groupby(
+        ["status", "reason"], observed=True
+    ).size()
+    return _clean(
+        {
+            "config_digest": config_digest(config),
+            "config": config,
+            "requests": len(requests),
+            "status_counts": {s: int(counts.get(s, 0)) for s in STATUSES},
+            "reasons": {f"{s}:{r}": int(v) for (s, r), v in reasons.items()},
+            "throughput_tokens_per_s": metrics.token_throughput(requests),
+            "output_tokens": len(tokens),
+            "end_time": timeline.info.get("end_time"),
+            "steps": len(steps),
+            "kv_utilisation": metrics.kv_utilisation(steps, timeline.pool_tokens),
+            "pool_tokens": timeline.pool_tokens,
+            "latency": metrics.latency_summary(requests, tokens),
+        }
+    )
+
+
+def write_run(
+    timeline: Timeline, folder: str | Path, config: dict[str, Any] | None = None
+) -> RunOutputs:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    requests = timeline.requests_frame()
+    tokens = timeline.tokens_frame()
+    steps = timeline.steps_frame()
+    summary = summarize(timeline, requests, tokens, steps, config or {})
+    requests.to_parquet(folder / "requests.parquet", index=False)
+    tokens.to_parquet(folder / "tokens.parquet", index=False)
+    steps.to_parquet(folder / "steps.parquet", index=False)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    return RunOutputs(requests, tokens, steps, summary)
+
+
+def load_run(folder: str | Path) -> RunOutputs:
+    folder = Path(folder)
+    missing = [f for f in FILES if not (folder / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"{folder}: not a fairsim run folder (missing {missing})")
+    return RunOutputs(
+        requests=pd.read_parquet(folder / "requests.parquet"),
+        tokens=pd.read_parquet(folder / "tokens.parquet"),
+        steps=pd.read_parquet(folder / "steps.parquet"),
+        summary=json.loads((folder / "summary.json").read_text()),
+    )
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf become null (strict JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,61 @@
+"""The waiting queue the engine owns: per-client FIFO lanes plus the global arrival order.
+
+Requests are row indices of the trace, so a smaller index is an earlier (arrival, id).
+Policies read it (`oldest`, `head`, `waiting_clients`) and the engine removes what it admits.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+
+class WaitingQueue:
+    def __init__(self, client_of: list[int]) -> None:
+        self._client_of = client_of
+        self._lanes: dict[int, deque[int]] = {}
+        self._heap: list[int] = []
+        self._removed: set[int] = set()
+        self._size = 0
+        self.last_left_client: int | None = None  # the client whose request last left the queue
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, req: int) -> None:
+        self._lanes.setdefault(self._client_of[req], deque()).append(req)
+        heapq.heappush(self._heap, req)
+        self._size += 1
+
+    def oldest(self) -> int | None:
+        """The earliest waiting request over all clients (FCFS order)."""
+        heap = self._heap
+        while heap and heap[0] in self._removed:
+            self._removed.discard(heapq.heappop(heap))
+        return heap[0] if heap else None
+
+    def head(self, client: int) -> int | None:
+        lane = self._lanes.get(client)
+        return lane[0] if lane else None
+
+    def has_waiting(self, client: int) -> bool:
+        return bool(self._lanes.get(client))
+
+    def waiting_clients(self) -> list[int]:
+        """Clients with at least one waiting request, in client-index order."""
+        return sorted(c for c, lane in self._lanes.items() if lane)
+
+    def remove(self, req: int) -> None:
+        """Take a request out; it must be the head of its client's lane (queues are FIFO)."""
+        client = self._client_of[req]
+        lane = self._lanes[client]
+        if lane[0] != req:
+            raise ValueError(f"request {req} is not at the head of client {client}'s lane")
+        lane.popleft()
+        self._removed.add(req)
+        self._size -= 1
+        self.last_left_client = client
+
+    def requests(self) -> list[int]:
+        """Every waiting request, in arrival order."""
+        return sorted(r for lane in self._lanes.values() for r in lane)

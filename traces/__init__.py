@@ -1,0 +1,24 @@
+"""Requests: the validated `Trace` schema and seeded synthetic workload generators."""
+
+from traces.arrivals import Gamma, LinearRamp, OnOff, Phase, Piecewise, Poisson, Uniform
+from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
+from traces.schema import Trace, TraceError
+from traces.synthetic import ClientSpec, SyntheticWorkload
+
+__all__ = [
+    "ClientSpec",
+    "Empirical",
+    "Fixed",
+    "Gamma",
+    "LinearRamp",
+    "LogNormal",
+    "OnOff",
+    "Phase",
+    "Piecewise",
+    "Poisson",
+    "SyntheticWorkload",
+    "Trace",
+    "TraceError",
+    "Uniform",
+    "UniformInt",
+]

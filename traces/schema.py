@@ -1,0 +1,226 @@
+"""The request schema: one validated, columnar `Trace` that every engine and metric reads.
+
+Rows are kept sorted by (arrival, request_id) so that "row index" is also the FCFS order; every
+error names the source, the row and the field, and says what is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+OPTIONAL_INT_COLUMNS = ("interaction_id", "call_index", "num_calls", "system_prompt_len")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; the message names source, row, field and what is accepted."""
+
+
+def _fail(source: str, row: int | None, fieldname: str, got: object, accepted: str) -> TraceError:
+    where = f"{source}: " + (f"row {row}, " if row is not None else "")
+    return TraceError(f"{where}field '{fieldname}': got {got!r}; accepted: {accepted}")
+
+
+def _int_column(values: object, name: str, source: str, minimum: int) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise _fail(source, None, name, f"shape {arr.shape}", "a 1-D column")
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise _fail(source, i, name, arr[i].item(), f"an integer >= {minimum}")
+    elif arr.dtype.kind not in "iub":
+        # strings or objects: find the first cell that is not an integer
+        for i, v in enumerate(arr.tolist()):
+            try:
+                if float(v) != int(float(v)):
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise _fail(source, i, name, v, f"an integer >= {minimum}") from None
+    out = arr.astype(np.int64)
+    low = out < minimum
+    if low.any():
+        i = int(np.argmax(low))
+        raise _fail(source, i, name, int(out[i]), f"an integer >= {minimum}")
+    return out
+
+
+def _float_column(values: object, name: str, source: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raw = list(np.asarray(values, dtype=object))
+        for i, v in enumerate(raw):
+            try:
+                float(v)
+            except (TypeError, ValueError):
+                raise _fail(source, i, name, v, "a finite number >= 0 (seconds)") from None
+        raise
+    bad = ~np.isfinite(arr) | (arr < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _fail(source, i, name, arr[i].item(), "a finite number >= 0 (seconds)")
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Requests as numpy columns, sorted by (arrival, request_id).
+
+    `client` holds integer codes into `client_names`; `client_weight` is per client (not per row).
+    Optional columns are `None` when the workload has no such notion.
+    """
+
+    request_id: np.ndarray
+    client: np.ndarray
+    arrival: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    client_names: tuple[str, ...]
+    client_weight: np.ndarray
+    app: np.ndarray | None = None
+    app_names: tuple[str, ...] = ()
+    interaction_id: np.ndarray | None = None
+    call_index: np.ndarray | None = None
+    num_calls: np.ndarray | None = None
+    system_prompt_len: np.ndarray | None = None
+    source: str = field(default="<trace>", compare=False)
+
+    def __len__(self) -> int:
+        return int(self.arrival.shape[0])
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_names)
+
+    @property
+    def duration(self) -> float:
+        return float(self.arrival[-1] - self.arrival[0]) if len(self) else 0.0
+
+    @classmethod
+    def from_columns(
+        cls,
+        *,
+        client: Sequence[object] | np.ndarray,
+        arrival: Sequence[float] | np.ndarray,
+        prompt_len: Sequence[int] | np.ndarray,
+        output_len: Sequence[int] | np.ndarray,
+        request_id: Sequence[int] | np.ndarray | None = None,
+        client_weights: Mapping[str, float] | None = None,
+        client_names: Sequence[str] | None = None,
+        app: Sequence[object] | np.ndarray | None = None,
+        optional: Mapping[str, Sequence[int] | np.ndarray] | None = None,
+        source: str = "<trace>",
+        sort: bool = False,
+    ) -> Trace:
+        """Validate raw columns and build a trace.
+
+        `client` may hold names or integers (kept as names); codes follow `client_names` when
+        given (so idle clients keep their place), else the order of first appearance.
+        Unsorted arrivals are an error unless `sort=True` asks to sort them.
+        """
+        arrival_arr = _float_column(arrival, "arrival", source)
+        n = arrival_arr.shape[0]
+        cols: dict[str, object] = {
+            "client": client,
+            "prompt_len": prompt_len,
+            "output_len": output_len,
+        }
+        if request_id is not None:
+            cols["request_id"] = request_id
+        if app is not None:
+            cols["app"] = app
+        for name, values in {**cols, **(optional or {})}.items():
+            length = len(values)  # type: ignore[arg-type]
+            if length != n:
+                raise _fail(source, None, name, f"{length} rows", f"{n} rows, like 'arrival'")
+        if n == 0:
+            raise TraceError(f"{source}: the trace has no requests; accepted: at least one row")
+        ids = (
+            np.arange(n, dtype=np.int64)
+            if request_id is None
+            else _int_column(request_id, "request_id", source, 0)
+        )
+        if np.unique(ids).shape[0] != n:
+            u, counts = np.unique(ids, return_counts=True)
+            dup = int(u[np.argmax(counts > 1)])
+            row = int(np.flatnonzero(ids == dup)[1])
+            raise _fail(source, row, "request_id", dup, "unique request ids")
+        prompt = _int_column(prompt_len, "prompt_len", source, 1)
+        output = _int_column(output_len, "output_len", source, 1)
+        client_codes, names = _codes(client, "client", source, client_names)
+        app_codes, app_names = (None, ()) if app is None else _codes(app, "app", source)
+        extra = {
+            name: _int_column(values, name, source, 0) for name, values in (optional or {}).items()
+        }
+        unknown = set(extra) - set(OPTIONAL_INT_COLUMNS)
+        if unknown:
+            raise _fail(source, None, sorted(unknown)[0], "unknown column", str(OPTIONAL_INT_COLUMNS))
+        weights = np.ones(len(names))
+        for name, w in (client_weights or {}).items():
+            if name not in names:
+                raise _fail(source, None, "client_weights", name, f"one of {names}")
+            if not (np.isfinite(w) and w > 0):
+                raise _fail(source, None, f"client_weights[{name}]", w, "a number > 0")
+            weights[names.index(name)] = float(w)
+
+        order = np.lexsort((ids, arrival_arr))
+        if not np.array_equal(order, np.arange(n)):
+            if not sort:
+                back = np.flatnonzero(np.diff(arrival_arr) < 0)
+                row = int(back[0] + 1) if back.size else int(np.flatnonzero(order != np.arange(n))[0])
+                raise _fail(
+                    source,
+                    row,
+                    "arrival",
+                    float(arrival_arr[row]),
+                    "non-decreasing arrival times (or pass sort=True to sort them)",
+                )
+
+        def take(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[order]
+
+        return cls(
+            request_id=ids[order],
+            client=client_codes[order],
+            arrival=arrival_arr[order],
+            prompt_len=prompt[order],
+            output_len=output[order],
+            client_names=names,
+            client_weight=weights,
+            app=take(app_codes),
+            app_names=app_names,
+            interaction_id=take(extra.get("interaction_id")),
+            call_index=take(extra.get("call_index")),
+            num_calls=take(extra.get("num_calls")),
+            system_prompt_len=take(extra.get("system_prompt_len")),
+            source=source,
+        )
+
+    def client_of(self, name: str) -> int:
+        return self.client_names.index(name)
+
+
+def _codes(
+    values: object, name: str, source: str, known: Sequence[str] | None = None
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Map labels to integer codes: `known` order if given, else order of first appearance."""
+    raw = np.asarray(values)
+    if raw.ndim != 1:
+        raise _fail(source, None, name, f"shape {raw.shape}", "a 1-D column")
+    labels = [str(v) for v in raw.tolist()]
+    for i, v in enumerate(labels):
+        if v == "" or v.lower() == "nan":
+            raise _fail(source, i, name, v, "a non-empty label")
+    if known is not None:
+        index = {str(k): i for i, k in enumerate(known)}
+        for i, v in enumerate(labels):
+            if v not in index:
+                raise _fail(source, i, name, v, f"one of {tuple(index)}")
+        return np.fromiter((index[v] for v in labels), np.int64, len(labels)), tuple(index)
+    names: dict[str, int] = {}
+    codes = np.fromiter((names.setdefault(v, len(names)) for v in labels), np.int64, len(labels))
+    return codes, tuple(names)
