@@ -29,6 +29,7 @@ import simpy
 
 from cost_models.base import StepCostModel
 from policies.base import Policy
+from simulator.fit import RunningFit
 from simulator.queue import WaitingQueue
 from simulator.timeline import (
     COMPLETED,
@@ -74,18 +75,6 @@ class SLoRAConfig:
             raise ValueError(f"engine.horizon must be null or a number > 0, got {self.horizon!r}")
 
 
-def peak_kv_need(current: np.ndarray, remaining: np.ndarray) -> int:
-    """Peak future KV use if every request runs to its full length (S-LoRA's fit test).
-
-    Sort by remaining tokens, descending; when the i-th request finishes, requests 1..i are all
-    still running and have each grown by remaining_i tokens.
-    """
-    order = np.argsort(-remaining, kind="stable")
-    rem = remaining[order]
-    held = np.cumsum(current[order])
-    return int((rem * np.arange(1, rem.shape[0] + 1) + held).max())
-
-
 class SLoRAEngine:
     """Runs one trace through the engine as a SimPy process and records its timeline."""
 
@@ -104,6 +93,7 @@ class SLoRAEngine:
         self.output = trace.output_len
         self.client = trace.client
         self.arrival = trace.arrival
+        self._arrival = trace.arrival.tolist()  # Python floats: fast scalar access in the loop
         self.queue = WaitingQueue(trace.client.tolist())
         self.status = np.full(n, IN_FLIGHT, dtype=np.int8)
         self.reason = np.full(n, "not_arrived", dtype=object)
@@ -113,7 +103,9 @@ class SLoRAEngine:
         self.first_decode = np.full(n, -1, dtype=np.int64)
         self.finish_decode = np.full(n, -1, dtype=np.int64)  # decode count when it finishes
         self.steps = StepLog()
-        self.running: list[int] = []
+        self.running = np.empty(0, dtype=np.int64)  # trace rows, in admission order
+        self._run_cols: dict[str, np.ndarray] = {}  # per-running-request columns, same order
+        self._set_running(self.running)
         self.running_clients: dict[int, int] = {}
         self.now = 0.0
         self.decodes = 0  # decode steps so far
@@ -130,10 +122,10 @@ class SLoRAEngine:
         env.run()
         horizon = self.cfg.horizon
         self._ingest(self.now if horizon is None else max(self.now, horizon))
+        self.reason[self.running] = "running"
         generated = np.where(
             self.first_decode >= 0, np.minimum(self.decodes - self.first_decode + 1, self.output), 0
         )
-        self.reason[(self.status == IN_FLIGHT) & (self.first_decode >= 0)] = "running"
         return Timeline(
             trace=self.trace,
             status=self.status,
@@ -145,7 +137,12 @@ class SLoRAEngine:
             first_decode=self.first_decode,
             steps=self.steps.columns(),
             pool_tokens=self.cfg.pool_tokens,
-            info={"engine": "slora", "end_time": self.now, "decode_steps": self.decodes},
+            info={
+                "engine": "slora",
+                "end_time": self.now,
+                "decode_steps": self.decodes,
+                "kv_used_at_end": self.kv_used,
+            },
         )
 
     # ---- the loop -----------------------------------------------------------------------
@@ -159,12 +156,13 @@ class SLoRAEngine:
             self._ingest(self.now)
             if cfg.horizon is not None and self.now >= cfg.horizon:
                 return
-            if not self.running or (self.wait_steps >= cfg.max_wait_tokens and len(self.queue)):
+            idle = not self.running.shape[0]
+            if idle or (self.wait_steps >= cfg.max_wait_tokens and len(self.queue)):
                 batch = self._form_batch()
                 if batch:
                     yield from self._prefill(env, batch)
                     continue
-            if not self.running:
+            if not self.running.shape[0]:
                 if self.next_row >= len(self.trace):
                     return
                 nxt = float(self.arrival[self.next_row])
@@ -178,7 +176,8 @@ class SLoRAEngine:
     def _ingest(self, until: float) -> None:
         """Process every arrival with time <= `until` (and within the horizon), in order."""
         limit = until if self.cfg.horizon is None else min(until, self.cfg.horizon)
-        while self.next_row < len(self.trace) and self.arrival[self.next_row] <= limit:
+        arrival, n = self._arrival, len(self._arrival)
+        while self.next_row < n and arrival[self.next_row] <= limit:
             self._arrive(self.next_row)
             self.next_row += 1
 
@@ -225,16 +224,15 @@ class SLoRAEngine:
         """S-LoRA's test: peak future KV need < pool - reserve, and the running cap holds."""
         cfg = self.cfg
         newcomers = np.asarray([*pending, req], dtype=np.int64)
-        n_total = len(self.running) + newcomers.shape[0]
-        if n_total > cfg.running_max_req_size:
+        if self.running.shape[0] + newcomers.shape[0] > cfg.running_max_req_size:
             return False
-        run = np.asarray(self.running, dtype=np.int64)
-        gen = self.decodes - self.first_decode[run] + 1
-        current = np.concatenate([self.prompt[run] + gen, self.prompt[newcomers] + 1])
-        remaining = np.concatenate([self.output[run] - gen - 1, self.output[newcomers] - 1])
+        if self._fit is None:
+            rows = self.running
+            self._fit = RunningFit(self.prompt[rows], self.first_decode[rows], self.finish_decode[rows])
+        need = self._fit.need_with(self.decodes, self.prompt[newcomers], self.output[newcomers])
         clients = set(self.running_clients) | set(self.client[newcomers].tolist())
         reserve = cfg.reserve_per_client * len(clients)
-        return peak_kv_need(current, remaining) < cfg.pool_tokens - reserve
+        return need < cfg.pool_tokens - reserve
 
     # ---- steps --------------------------------------------------------------------------
     def _prefill(
@@ -248,13 +246,13 @@ class SLoRAEngine:
         self.first_token_at[idx] = end
         self.first_decode[idx] = self.decodes
         self.finish_decode[idx] = self.decodes + self.output[idx] - 1
-        for req in batch:
-            self.running.append(req)
-            c = int(self.client[req])
+        self._set_running(np.concatenate([self.running, idx]))
+        for c in self.client[idx].tolist():
             self.running_clients[c] = self.running_clients.get(c, 0) + 1
         self.kv_used += int(self.prompt[idx].sum())  # the first output token has no KV yet
         self._check_pool()
-        self.steps.append(start, end, PREFILL, len(batch), int(self.prompt[idx].sum()), self.kv_used)
+        tokens = int(self.prompt[idx].sum())
+        self.steps.append_run(start, np.array([end]), PREFILL, len(batch), tokens, self.kv_used, 0)
         self.now = end
         self.wait_steps = 0
         self._ingest(end)
@@ -263,9 +261,11 @@ class SLoRAEngine:
     def _plan_run(self) -> int:
         """Upper bound on decode steps before anything could change the schedule."""
         cfg = self.cfg
-        until_finish = int(self.finish_decode[self.running].min()) - self.decodes
+        until_finish = self._next_finish - self.decodes
         if not cfg.fast_forward:
             return 1
+        if self.running.shape[0] >= cfg.running_max_req_size:
+            return min(until_finish, MAX_RUN_STEPS)  # nothing can be admitted before a finish
         wait_left = cfg.max_wait_tokens - self.wait_steps
         if len(self.queue):
             return min(until_finish, max(wait_left, 1), MAX_RUN_STEPS)
@@ -273,63 +273,68 @@ class SLoRAEngine:
 
     def _decode_run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
         cfg = self.cfg
-        n = len(self.running)
+        n = self.running.shape[0]
         k = self._plan_run()
         context = self.kv_used + n * np.arange(1, k + 1, dtype=np.int64)  # KV read in each step
-        durations = self.cost.decode_times(n, context)
-        ends = np.cumsum(np.concatenate(([self.now], durations)))[1:]
-        starts = np.concatenate(([self.now], ends[:-1]))
-        if k > 1 and not len(self.queue) and self.next_row < len(self.trace):
+        ends = np.cumsum(np.concatenate(([self.now], self.cost.decode_times(n, context))))[1:]
+        arrival, n_rows = self._arrival, len(self._arrival)
+        room = n < cfg.running_max_req_size
+        if k > 1 and room and not len(self.queue) and self.next_row < n_rows:
             # stop at the step whose end sees the next arrival, unless still inside the wait
-            seen = int(np.searchsorted(ends, self.arrival[self.next_row], side="left")) + 1
+            seen = int(np.searchsorted(ends, arrival[self.next_row], side="left")) + 1
             k = min(k, max(cfg.max_wait_tokens - self.wait_steps, seen))
-        if cfg.horizon is not None:
-            k = min(k, int(np.searchsorted(starts, cfg.horizon, side="left")))
-            if k == 0:
-                self.now = cfg.horizon
-                return
-        ends, starts = ends[:k], starts[:k]
-        yield env.timeout(max(0.0, float(ends[-1]) - env.now))
+        if cfg.horizon is not None:  # no step starts at or after the horizon (now < horizon)
+            k = min(k, 1 + int(np.searchsorted(ends[: k - 1], cfg.horizon, side="left")))
+        ends = ends[:k]
+        last = float(ends[-1])
+        yield env.timeout(max(0.0, last - env.now))
 
-        clients = self.client[self.running]
+        clients = self._run_cols["client"]
         done = 0
-        while self.next_row < len(self.trace) and self.arrival[self.next_row] <= ends[-1]:
-            a = float(self.arrival[self.next_row])
-            if cfg.horizon is not None and a > cfg.horizon:
-                break
-            j = int(np.searchsorted(ends, a, side="left"))
+        limit = last if cfg.horizon is None else min(last, cfg.horizon)
+        while self.next_row < n_rows and arrival[self.next_row] <= limit:
+            j = int(np.searchsorted(ends, arrival[self.next_row], side="left"))
             if j > done:
                 self.policy.on_decode(clients, ends[done:j])
                 done = j
             self._arrive(self.next_row)
             self.next_row += 1
-        if done < k:
-            self.policy.on_decode(clients, ends[done:])
+        self.policy.on_decode(clients, ends[done:])
 
-        self.steps.append(starts, ends, DECODE, n, n, context[:k])
+        self.steps.append_run(self.now, ends, DECODE, n, n, self.kv_used + n, n)
         self.decodes += k
         self.kv_used += n * k
         self._check_pool()
         self.wait_steps = min(cfg.max_wait_tokens, self.wait_steps + k)
-        self.now = float(ends[-1])
+        self.now = last
         self._finish_due()
 
     def _finish_due(self) -> None:
         """Release every running request that has produced its last token."""
-        done = [r for r in self.running if self.finish_decode[r] == self.decodes]
-        if not done:
+        if self.decodes != self._next_finish:
             return
-        for req in done:
-            self.finished_at[req] = self.now
-            self._end(req, COMPLETED, None)
-            self.kv_used -= int(self.prompt[req] + self.output[req] - 1)
-            c = int(self.client[req])
+        due = self._run_cols["finish_decode"] == self.decodes
+        done = self.running[due]
+        self.finished_at[done] = self.now
+        self.status[done] = COMPLETED
+        self.reason[done] = None
+        self.finished += done.shape[0]
+        self.kv_used -= int((self.prompt[done] + self.output[done] - 1).sum())
+        for c in self.client[done].tolist():
             self.running_clients[c] -= 1
             if not self.running_clients[c]:
                 del self.running_clients[c]
-        self.running = [r for r in self.running if self.finish_decode[r] != self.decodes]
-        for req in done:
+        self._set_running(self.running[~due])
+        for req in done.tolist():
             self.policy.on_finish(req, self.now)
+
+    def _set_running(self, rows: np.ndarray) -> None:
+        """Replace the running set, caching its per-request columns for the hot path."""
+        self.running = rows
+        finish = self.finish_decode[rows]
+        self._run_cols = {"client": self.client[rows], "finish_decode": finish}
+        self._next_finish = int(finish.min()) if rows.shape[0] else -1
+        self._fit: RunningFit | None = None  # built when the next fit test needs it
 
     def _check_pool(self) -> None:
         if self.kv_used > self.cfg.pool_tokens:

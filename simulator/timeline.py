@@ -22,28 +22,54 @@ PREFILL, DECODE = range(2)
 
 
 class StepLog:
-    """Growable numpy columns for per-step records (appended one step or one run at a time)."""
+    """Per-step records, appended one run of equal-sized steps at a time, expanded once at the end.
+
+    A run of k steps is stored as its start time, its k end times, and (kind, batch size, tokens
+    per step, KV in use after the first step, KV added per step); step j of the run starts when
+    step j - 1 ends.
+    """
 
     NAMES = ("start", "end", "kind", "batch_size", "num_tokens", "kv_used")
-    DTYPES = (np.float64, np.float64, np.int8, np.int64, np.int64, np.int64)
 
-    def __init__(self, capacity: int = 1024) -> None:
-        self.size = 0
-        self._cols = [np.empty(capacity, dtype=d) for d in self.DTYPES]
+    def __init__(self) -> None:
+        self._ends: list[np.ndarray] = []
+        self._runs: list[tuple[float, int, int, int, int, int, int]] = []
 
-    def append(self, start, end, kind, batch_size, num_tokens, kv_used) -> None:  # type: ignore[no-untyped-def]
-        """Append k steps; every argument is a scalar or an array of length k."""
-        k = np.shape(end)[0] if np.ndim(end) else 1
-        if self.size + k > self._cols[0].shape[0]:
-            cap = max(2 * self._cols[0].shape[0], self.size + k)
-            self._cols = [np.resize(c, cap) for c in self._cols]
-        sl = slice(self.size, self.size + k)
-        for col, value in zip(self._cols, (start, end, kind, batch_size, num_tokens, kv_used)):
-            col[sl] = value
-        self.size += k
+    def append_run(
+        self,
+        start: float,
+        ends: np.ndarray,
+        kind: int,
+        batch_size: int,
+        num_tokens: int,
+        kv_first: int,
+        kv_step: int,
+    ) -> None:
+        self._ends.append(ends)
+        self._runs.append((start, ends.shape[0], kind, batch_size, num_tokens, kv_first, kv_step))
 
     def columns(self) -> dict[str, np.ndarray]:
-        return {n: c[: self.size].copy() for n, c in zip(self.NAMES, self._cols)}
+        if not self._runs:
+            empty = np.empty(0)
+            return {n: empty.astype(np.int64 if n != "start" and n != "end" else float)
+                    for n in self.NAMES}
+        end = np.concatenate(self._ends)
+        start_of_run = np.array([r[0] for r in self._runs])
+        k, kind, batch, tokens, kv_first, kv_step = (
+            np.array([r[i] for r in self._runs], dtype=np.int64) for i in range(1, 7)
+        )
+        first = np.cumsum(k) - k
+        start = np.concatenate(([0.0], end[:-1]))
+        start[first] = start_of_run
+        within = np.arange(end.shape[0]) - np.repeat(first, k)
+        return {
+            "start": start,
+            "end": end,
+            "kind": np.repeat(kind, k).astype(np.int8),
+            "batch_size": np.repeat(batch, k),
+            "num_tokens": np.repeat(tokens, k),
+            "kv_used": np.repeat(kv_first, k) + np.repeat(kv_step, k) * within,
+        }
 
 
 @dataclass(eq=False)

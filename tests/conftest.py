@@ -1,0 +1,39 @@
+"""Shared helpers: the A10G cost model from conf/, random workloads, and the shared data folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from traces import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def shared_file(relative: str) -> Path:
+    """A file under ../shared/data, or skip the test with a clear message when it is absent."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        pytest.skip(f"shared data file {path} is absent (tests that read real data need ../shared)")
+    return path
+
+
+def a10g_cost():  # type: ignore[no-untyped-def]
+    return instantiate(OmegaConf.load(ROOT / "conf" / "cost_model" / "a10g_llama7b.yaml"))
+
+
+def random_trace(seed: int, n: int, clients: int, max_prompt: int, max_output: int, rate: float):
+    """A small multi-client Poisson trace with uniform lengths (for invariants and equality)."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
+    return Trace.from_columns(
+        client=[f"c{i}" for i in rng.integers(0, clients, n)],
+        arrival=arrival,
+        prompt_len=rng.integers(1, max_prompt + 1, n),
+        output_len=rng.integers(1, max_output + 1, n),
+    )
