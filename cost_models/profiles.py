@@ -29,11 +29,11 @@ def vtc_profile_table(path: str | Path) -> pd.DataFrame:
     """The profile as rows of (phase, batch_size, tokens, seconds): `TableStepCost`'s format."""
     with open(path, encoding="utf-8") as f:
         raw = json.load(f)
-    rows = []
+    rows: list[tuple[str, int, float, float]] = []
     for inp, by_out in raw.items():
         for out, (batch, prefill_s, decode_s) in by_out.items():
             i, o, b = int(inp), int(out), int(batch)
-            rows.append(("prefill", 1, i, float(prefill_s)))
+            rows.append(("prefill", 1, float(i), float(prefill_s)))
             if o > 1:
                 rows.append(("decode", b, b * (i + o / 2), b * float(decode_s) / o))
     return pd.DataFrame(rows, columns=["phase", "batch_size", "tokens", "seconds"])

@@ -107,6 +107,7 @@ class SLoRAEngine:
         self._run_cols: dict[str, np.ndarray] = {}  # per-running-request columns, same order
         self._set_running(self.running)
         self.running_clients: dict[int, int] = {}
+        self._fit: RunningFit | None = None  # fit-test state, built lazily per running set
         self.now = 0.0
         self.decodes = 0  # decode steps so far
         self.wait_steps = 0  # decode steps since the last prefill (capped at max_wait_tokens)
@@ -129,7 +130,7 @@ class SLoRAEngine:
         return Timeline(
             trace=self.trace,
             status=self.status,
-            reason=np.where(self.status == COMPLETED, None, self.reason),
+            reason=np.where(self.status == COMPLETED, np.array(None), self.reason),
             admitted_at=self.admitted_at,
             first_token_at=self.first_token_at,
             finished_at=self.finished_at,
@@ -228,7 +229,9 @@ class SLoRAEngine:
             return False
         if self._fit is None:
             rows = self.running
-            self._fit = RunningFit(self.prompt[rows], self.first_decode[rows], self.finish_decode[rows])
+            self._fit = RunningFit(
+                self.prompt[rows], self.first_decode[rows], self.finish_decode[rows]
+            )
         need = self._fit.need_with(self.decodes, self.prompt[newcomers], self.output[newcomers])
         clients = set(self.running_clients) | set(self.client[newcomers].tolist())
         reserve = cfg.reserve_per_client * len(clients)
@@ -334,7 +337,7 @@ class SLoRAEngine:
         finish = self.finish_decode[rows]
         self._run_cols = {"client": self.client[rows], "finish_decode": finish}
         self._next_finish = int(finish.min()) if rows.shape[0] else -1
-        self._fit: RunningFit | None = None  # built when the next fit test needs it
+        self._fit = None  # rebuilt when the next fit test needs it
 
     def _check_pool(self) -> None:
         if self.kv_used > self.cfg.pool_tokens:

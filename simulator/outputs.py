@@ -44,9 +44,9 @@ def summarize(
     config: dict[str, Any],
 ) -> dict[str, Any]:
     counts = requests.status.value_counts()
-    reasons = requests[requests.status != "completed"].groupby(
-        ["status", "reason"], observed=True
-    ).size()
+    reasons = (
+        requests[requests.status != "completed"].groupby(["status", "reason"], observed=True).size()
+    )
     return _clean(
         {
             "config_digest": config_digest(config),

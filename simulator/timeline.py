@@ -51,8 +51,10 @@ class StepLog:
     def columns(self) -> dict[str, np.ndarray]:
         if not self._runs:
             empty = np.empty(0)
-            return {n: empty.astype(np.int64 if n != "start" and n != "end" else float)
-                    for n in self.NAMES}
+            return {
+                n: empty.astype(np.int64 if n != "start" and n != "end" else float)
+                for n in self.NAMES
+            }
         end = np.concatenate(self._ends)
         start_of_run = np.array([r[0] for r in self._runs])
         k, kind, batch, tokens, kv_first, kv_step = (
@@ -89,20 +91,29 @@ class Timeline:
     info: dict[str, object] = field(default_factory=dict)
 
     def token_times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row, index, time) of every emitted output token, grouped by row, index 0 first."""
+        """(row, index, time) of every emitted output token, grouped by row, index 0 first.
+
+        Rows and indices are int32 to keep tens of millions of tokens compact.
+        """
         g = self.generated
-        rows = np.repeat(np.arange(g.shape[0]), g)
+        rows = np.repeat(np.arange(g.shape[0], dtype=np.int32), g)
         if rows.size == 0:
             return rows, rows.copy(), np.empty(0)
         starts = np.cumsum(g) - g
-        index = np.arange(rows.shape[0]) - np.repeat(starts, g)
+        index = np.arange(rows.shape[0], dtype=np.int64)
+        index -= np.repeat(starts, g)
         decode_ends = self.steps["end"][self.steps["kind"] == DECODE]
-        time = np.empty(rows.shape[0])
-        first = index == 0
-        time[first] = self.first_token_at[rows[first]]
-        later = ~first
-        time[later] = decode_ends[self.first_decode[rows[later]] + index[later] - 1]
-        return rows, index, time
+        # token i >= 1 of a row is decode step first_decode + i - 1; token 0 is its prefill
+        position = index + np.repeat(self.first_decode - 1, g)
+        time = (
+            decode_ends.take(np.maximum(position, 0), mode="clip")
+            if decode_ends.size
+            else (np.empty(rows.shape[0]))
+        )
+        del position
+        first = starts[g > 0]
+        time[first] = self.first_token_at[g > 0]
+        return rows, index.astype(np.int32), time
 
     def requests_frame(self) -> pd.DataFrame:
         t = self.trace

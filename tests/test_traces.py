@@ -20,8 +20,9 @@ from traces import (
 
 
 def columns(**over):
-    base = dict(client=["a", "b", "a"], arrival=[0.0, 1.0, 2.0], prompt_len=[5, 6, 7],
-                output_len=[1, 2, 3])
+    base = dict(
+        client=["a", "b", "a"], arrival=[0.0, 1.0, 2.0], prompt_len=[5, 6, 7], output_len=[1, 2, 3]
+    )
     base.update(over)
     return base
 
@@ -164,6 +165,8 @@ def test_streams_are_independent_per_client():
 
 
 def test_rate_scale_doubles_requests():
-    assert len(workload(rate_scale=2.0).build(0)) == pytest.approx(2 * len(workload().build(0)), rel=0.1)
+    assert len(workload(rate_scale=2.0).build(0)) == pytest.approx(
+        2 * len(workload().build(0)), rel=0.1
+    )
     with pytest.raises(ValueError, match="rate_scale"):
         workload(rate_scale=0)

@@ -8,7 +8,7 @@ processes keep their distributions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -26,7 +26,9 @@ def _positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
-def _renewal(gap_sampler, mean_gap: float, duration: float) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _renewal(
+    gap_sampler: Callable[[int], np.ndarray], mean_gap: float, duration: float
+) -> np.ndarray:
     """Cumulate i.i.d. gaps (drawn in chunks) until the time passes `duration`."""
     chunks: list[np.ndarray] = []
     t = 0.0
@@ -76,7 +78,7 @@ class Poisson:
 
 @dataclass(frozen=True)
 class Gamma:
-    """Gamma inter-arrival gaps with mean 1/rate and coefficient of variation `cv` (cv=1: Poisson)."""
+    """Gamma inter-arrival gaps: mean 1/rate, coefficient of variation `cv` (cv=1: Poisson)."""
 
     rate: float
     cv: float
@@ -96,7 +98,7 @@ class Gamma:
 
 @dataclass(frozen=True)
 class OnOff:
-    """Keep the inner process's arrivals only during ON periods: ON [0, on), OFF [on, on+off), ..."""
+    """Keep the inner process's arrivals in ON periods: ON [0, on), OFF [on, on + off), ..."""
 
     inner: ArrivalProcess
     on: float = 60.0
@@ -151,9 +153,7 @@ class LinearRamp:
         return (-self.start_rate + np.sqrt(self.start_rate**2 + 4.0 * a * unit)) / (2.0 * a)
 
     def scaled(self, factor: float) -> LinearRamp:
-        return replace(
-            self, start_rate=self.start_rate * factor, end_rate=self.end_rate * factor
-        )
+        return replace(self, start_rate=self.start_rate * factor, end_rate=self.end_rate * factor)
 
 
 @dataclass(frozen=True)

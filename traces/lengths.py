@@ -99,9 +99,7 @@ class LogNormal:
 
     def __post_init__(self) -> None:
         if not (self.median >= 1 and self.sigma > 0 and self.max_value >= 1):
-            raise ValueError(
-                f"LogNormal needs median >= 1, sigma > 0, max_value >= 1; got {self}"
-            )
+            raise ValueError(f"LogNormal needs median >= 1, sigma > 0, max_value >= 1; got {self}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         x = rng.lognormal(np.log(self.median), self.sigma, size=n)

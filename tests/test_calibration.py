@@ -1,0 +1,27 @@
+"""Calibration against the VTC paper's published numbers (reference.md)."""
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+from simulator import metrics
+from simulator.run import build_trace, simulate
+
+PAPER_FCFS_OVERLOAD_TOKENS_PER_S = 876  # Table 4
+
+
+@pytest.mark.parametrize("overrides", [[], ["experiment=vtc_overload"]])
+def test_fcfs_overload_throughput_within_10_percent_of_the_paper(overrides):
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["policy=fcfs", *overrides])
+    tl = simulate(
+        build_trace(cfg),
+        instantiate(cfg.policy),
+        instantiate(cfg.cost_model),
+        instantiate(cfg.engine),
+    )
+    tput = metrics.token_throughput(tl.requests_frame())
+    assert tput == pytest.approx(PAPER_FCFS_OVERLOAD_TOKENS_PER_S, rel=0.10)
+    # decode concurrency near the paper's 19-20 (10,000 / 512)
+    decode = tl.steps["kind"] == 1
+    assert 18.5 < tl.steps["batch_size"][decode].mean() < 21.5

@@ -1,0 +1,80 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+from simulator.run import run_config
+
+GROUPS = ("engine", "cost_model", "policy", "workload", "experiment")
+
+
+def options(group):
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(("group", "name"), [(g, n) for g in GROUPS for n in options(g)])
+def test_every_config_composes_and_instantiates(group, name, tmp_path):
+    overrides = [f"{group}={name}"]
+    if (group, name) == ("cost_model", "table"):
+        profile = tmp_path / "p.csv"
+        profile.write_text(
+            "phase,batch_size,tokens,seconds\nprefill,1,100,0.01\n"
+            "decode,1,100,0.01\ndecode,8,800,0.012\ndecode,4,4000,0.02\n"
+        )
+        overrides.append(f"cost_model.path={profile}")
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    for g in ("engine", "cost_model", "policy"):
+        assert instantiate(cfg[g], _convert_="all") is not None
+    trace = instantiate(cfg.workload, _convert_="all").build(0)
+    assert len(trace) > 0
+
+
+def test_default_run_through_the_python_api(tmp_path):
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["workload.duration=20"])
+    timeline, out = run_config(cfg, tmp_path)
+    assert out.summary["requests"] == 30 + 60
+    assert (tmp_path / "summary.json").exists()
+
+
+def fairsim(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-c", "from simulator.cli import main; main()", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_runs_and_prints_a_per_client_table(tmp_path):
+    res = fairsim(
+        "workload.duration=30", "progress=false", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    assert "client0" in res.stdout and "client1" in res.stdout and "TTFT" in res.stdout
+    assert "tokens/s" in res.stdout
+    summary = json.loads(Path(tmp_path / "run" / "summary.json").read_text())
+    assert summary["status_counts"]["completed"] == 45 + 90
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["policy=nope"], "Could not find 'policy/nope'"),
+        (["no_such_key=1"], "no_such_key"),
+        (["engine.pool_tokens=-5"], "engine.pool_tokens must be an integer >= 1"),
+        (["workload.duration=0"], "duration must be > 0"),
+    ],
+)
+def test_cli_bad_options_fail_with_a_clear_message(tmp_path, args, message):
+    res = fairsim(*args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert res.returncode != 0
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr

@@ -1,0 +1,102 @@
+import numpy as np
+import pytest
+from conftest import ROOT, a10g_cost, shared_file
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from cost_models import LinearStepCost, ProfileError, TableStepCost
+from cost_models.profiles import fit_vtc_profile, vtc_profile_table
+
+
+def test_a10g_defaults_land_on_the_published_speed_facts():
+    cost = a10g_cost()
+    kernel = LinearStepCost(**{**vars(cost), "step_overhead": 0.0})
+    # prefill about 4,600 tokens/s
+    rate = 2048 / kernel.prefill_time(np.array([256] * 8))
+    assert 4300 < rate < 4900
+    # decode steps of 36-40 ms at batch 13-38 with contexts of 256-768 tokens per request
+    for batch, ctx in [(13, 640), (19, 384), (38, 162)]:  # profiled (I + O/2) points
+        t = kernel.decode_times(batch, np.array([batch * ctx]))[0]
+        assert 0.033 < t < 0.042, (batch, ctx, t)
+
+
+def test_conf_coefficients_are_the_documented_fit_of_the_profile():
+    fitted = fit_vtc_profile(shared_file("vtc/cost_profile.json"))
+    conf = OmegaConf.load(ROOT / "conf/cost_model/a10g_llama7b.yaml")
+    for name in (
+        "prefill_per_token",
+        "prefill_per_request",
+        "decode_base",
+        "decode_per_seq",
+        "decode_per_context_token",
+    ):
+        assert conf[name] == pytest.approx(getattr(fitted, name), rel=1e-12), name
+
+
+def test_linear_model_is_elementwise_and_validates():
+    cost = a10g_cost()
+    ctx = np.array([100, 5000, 9000])
+    many = cost.decode_times(20, ctx)
+    one_by_one = [cost.decode_times(20, ctx[i : i + 1])[0] for i in range(3)]
+    assert many.tolist() == one_by_one
+    with pytest.raises(ValueError, match="decode_base"):
+        LinearStepCost(
+            decode_base=-1, decode_per_seq=0, decode_per_context_token=0, prefill_per_token=1e-4
+        )
+
+
+def write_profile(path, rows):
+    path.write_text(
+        "phase,batch_size,tokens,seconds\n" + "\n".join(",".join(map(str, r)) for r in rows) + "\n"
+    )
+
+
+def test_table_model_interpolates_and_extrapolates(tmp_path):
+    # decode = 0.01 + 0.001 * b + 1e-6 * ctx on a grid; prefill = 1e-4 * tokens
+    rows = [("prefill", 1, t, 1e-4 * t) for t in (100, 1000, 2000)]
+    rows += [
+        ("decode", b, c, 0.01 + 0.001 * b + 1e-6 * c)
+        for b in (1, 10, 50)
+        for c in (100, 5000, 20000)
+    ]
+    p = tmp_path / "profile.csv"
+    write_profile(p, rows)
+    m = TableStepCost(p)
+    assert m.prefill_time(np.array([250, 250])) == pytest.approx(0.05)
+    assert m.prefill_time(np.array([3000])) == pytest.approx(0.3)  # end segment extrapolated
+    inside = m.decode_times(20, np.array([8000.0, 12000.0]))
+    np.testing.assert_allclose(inside, 0.01 + 0.02 + 1e-6 * np.array([8000, 12000]))
+    outside = m.decode_times(200, np.array([50000.0]))  # beyond the grid: the fitted plane
+    assert outside[0] == pytest.approx(0.01 + 0.2 + 0.05)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("phase,batch_size,seconds\nprefill,1,0.1\n", "missing column"),
+        (
+            "phase,batch_size,tokens,seconds\nprefill,1,10,abc\ndecode,1,1,0.1\n",
+            "row 2, field 'seconds'",
+        ),
+        (
+            "phase,batch_size,tokens,seconds\nprefil,1,10,0.1\ndecode,1,1,0.1\n",
+            "row 2, field 'phase'",
+        ),
+        ("phase,batch_size,tokens,seconds\nprefill,1,10,0.1\n", "no 'decode' rows"),
+    ],
+)
+def test_bad_profiles_name_file_row_and_field(tmp_path, text, message):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(ProfileError, match=message):
+        TableStepCost(p)
+
+
+def test_vtc_profile_as_a_table_model_matches_its_points(tmp_path):
+    table = vtc_profile_table(shared_file("vtc/cost_profile.json"))
+    p = tmp_path / "vtc.csv"
+    table.to_csv(p, index=False)
+    m = instantiate({"_target_": "cost_models.TableStepCost", "path": str(p)})
+    dec = table[table.phase == "decode"]
+    got = [m.decode_times(int(b), np.array([t]))[0] for b, t in zip(dec.batch_size, dec.tokens)]
+    np.testing.assert_allclose(got, dec.seconds, rtol=1e-9)

@@ -1,0 +1,143 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import a10g_cost, random_trace
+
+from cost_models import ConstantStepCost
+from policies import FCFS
+from simulator import metrics
+from simulator.engine import SLoRAConfig
+from simulator.outputs import load_run, write_run
+from simulator.run import simulate
+from traces import Trace
+
+
+def run(seed=1, **cfg):
+    tr = random_trace(seed, 200, 3, 300, 200, 5.0)
+    return simulate(tr, FCFS(), a10g_cost(), SLoRAConfig(**cfg))
+
+
+def test_run_folder_round_trip_and_public_columns(tmp_path):
+    tl = run()
+    written = write_run(tl, tmp_path, {"seed": 1})
+    back = load_run(tmp_path)
+    pd.testing.assert_frame_equal(written.requests, back.requests)
+    pd.testing.assert_frame_equal(written.tokens, back.tokens)
+    pd.testing.assert_frame_equal(written.steps, back.steps)
+    for col in (
+        "request_id",
+        "client",
+        "arrival",
+        "prompt_len",
+        "output_len",
+        "status",
+        "reason",
+        "admitted_at",
+        "first_token_at",
+        "finished_at",
+    ):
+        assert col in back.requests.columns
+    assert list(back.tokens.columns) == ["request_id", "index", "time"]
+    for col in ("start", "end", "kind", "batch_size", "num_tokens", "kv_used"):
+        assert col in back.steps.columns
+    s = back.summary
+    assert s["status_counts"]["completed"] == len(back.requests)
+    assert s["output_tokens"] == back.requests.output_len.sum() == len(back.tokens)
+    assert s["config"] == {"seed": 1} and len(s["config_digest"]) == 16
+    assert set(s["latency"]) == {"c0", "c1", "c2", "all"}
+    json.dumps(s, allow_nan=False)  # strict JSON
+
+
+def test_load_run_rejects_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a fairsim run folder"):
+        load_run(tmp_path)
+
+
+def test_same_seed_gives_identical_files(tmp_path):
+    write_run(run(seed=3), tmp_path / "a", {"seed": 3})
+    write_run(run(seed=3), tmp_path / "b", {"seed": 3})
+    for name in ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_throughput_is_tokens_of_completed_over_last_finish():
+    tl = run()
+    req = tl.requests_frame()
+    done = req[req.status == "completed"]
+    expected = (done.prompt_len + done.output_len).sum() / done.finished_at.max()
+    assert metrics.token_throughput(req) == pytest.approx(expected)
+
+
+def veeksha_like_tables():
+    """One request: arrival 0, tokens at 0.5 then every 0.15 s (11 tokens)."""
+    times = 0.5 + 0.15 * np.arange(11)
+    requests = pd.DataFrame(
+        {
+            "request_id": [7],
+            "client": ["a"],
+            "arrival": [0.0],
+            "prompt_len": [8],
+            "output_len": [11],
+            "status": ["completed"],
+            "finished_at": [times[-1]],
+        }
+    )
+    tokens = pd.DataFrame({"request_id": 7, "index": np.arange(11), "time": times})
+    return requests, tokens
+
+
+def test_latency_reference_vector():
+    requests, tokens = veeksha_like_tables()
+    lat = metrics.per_request_latency(requests, tokens).iloc[0]
+    assert lat.ttft == pytest.approx(0.5)
+    assert lat.e2e == pytest.approx(2.0)
+    assert lat.tpot == pytest.approx(0.15)
+    assert lat.normalized_e2e == pytest.approx(2.0 / 11)
+    gaps = metrics.tbt_samples(tokens).tbt.to_numpy()
+    np.testing.assert_allclose(gaps, 0.15)
+    assert gaps.shape[0] == 10
+
+
+def test_one_token_requests_have_no_tpot():
+    requests = pd.DataFrame(
+        {
+            "request_id": [1],
+            "client": ["a"],
+            "arrival": [1.0],
+            "prompt_len": [3],
+            "output_len": [1],
+            "status": ["completed"],
+            "finished_at": [1.2],
+        }
+    )
+    tokens = pd.DataFrame({"request_id": [1], "index": [0], "time": [1.2]})
+    lat = metrics.per_request_latency(requests, tokens).iloc[0]
+    assert np.isnan(lat.tpot) and lat.ttft == pytest.approx(0.2)
+    summary = metrics.latency_summary(requests, tokens)
+    assert np.isnan(summary["all"]["tpot"]["mean"])
+
+
+def test_kv_utilisation_is_time_weighted():
+    steps = pd.DataFrame({"start": [0.0, 1.0], "end": [1.0, 4.0], "kv_used": [100, 50]})
+    u = metrics.kv_utilisation(steps, 100)
+    assert u == {"mean": pytest.approx((1.0 + 0.5 * 3) / 4), "peak": 1.0}
+
+
+def test_percentile_summary_uses_linear_interpolation():
+    p = metrics.percentiles(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert p["p50"] == 2.5 and p["p90"] == pytest.approx(3.7) and p["mean"] == 2.5
+
+
+def test_constant_cost_batch_closed_form():
+    """n identical requests at t=0 fit in one mini-batch: all share the same token times."""
+    n, out = 8, 20
+    tr = Trace.from_columns(
+        client=["a"] * n, arrival=[0.0] * n, prompt_len=[10] * n, output_len=[out] * n
+    )
+    tl = simulate(tr, FCFS(), ConstantStepCost(0.2, 0.05), SLoRAConfig())
+    np.testing.assert_allclose(tl.finished_at, 0.2 + (out - 1) * 0.05)
+    assert metrics.token_throughput(tl.requests_frame()) == pytest.approx(
+        n * (10 + out) / (0.2 + (out - 1) * 0.05)
+    )
