@@ -2,5 +2,7 @@
 
 from policies.base import BasePolicy, Policy
 from policies.fcfs import FCFS
+from policies.rpm import RPM
+from policies.vtc import LCF, VTC
 
-__all__ = ["FCFS", "BasePolicy", "Policy"]
+__all__ = ["FCFS", "LCF", "RPM", "VTC", "BasePolicy", "Policy"]

@@ -4,10 +4,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from conftest import ROOT
 from simulator.run import run_config
 
 GROUPS = ("engine", "cost_model", "policy", "workload", "experiment")

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
-from conftest import ROOT, a10g_cost, shared_file
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from conftest import ROOT, a10g_cost, shared_file
 from cost_models import LinearStepCost, ProfileError, TableStepCost
 from cost_models.profiles import fit_vtc_profile, vtc_profile_table
 

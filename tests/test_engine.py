@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
-from conftest import a10g_cost, random_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import a10g_cost, random_trace
 from cost_models import ConstantStepCost
 from policies import FCFS
 from simulator.engine import SLoRAConfig

@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import a10g_cost, random_trace
 
+from conftest import a10g_cost, random_trace
 from cost_models import ConstantStepCost
 from policies import FCFS
 from simulator import metrics

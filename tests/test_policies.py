@@ -1,0 +1,187 @@
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import a10g_cost, random_trace
+from policies import FCFS, LCF, RPM, VTC
+from simulator.engine import SLoRAConfig
+from simulator.queue import WaitingQueue
+from simulator.run import simulate
+from simulator.timeline import COMPLETED, REJECTED
+from traces import ClientSpec, Fixed, SyntheticWorkload, Trace, Uniform
+
+
+def two_client_trace():
+    return Trace.from_columns(
+        client=["a", "b", "b"], arrival=[0.0, 1.0, 2.0], prompt_len=[5, 5, 5], output_len=[5] * 3
+    )
+
+
+@pytest.mark.parametrize(("lift", "expected"), [("paper", 100.0), ("artifact", 0.0), ("none", 0.0)])
+def test_lift_on_empty_queue_uses_the_last_client_to_leave(lift, expected):
+    tr = two_client_trace()
+    policy = VTC(lift=lift)
+    policy.bind(tr)
+    q = WaitingQueue(tr.client.tolist())
+    policy.on_arrival(0, 0.0, q)
+    q.push(0)
+    q.remove(0)  # client a leaves the queue last
+    policy.counter[:] = [100.0, 0.0]
+    policy.on_arrival(1, 1.0, q)
+    assert policy.counter[1] == expected
+
+
+@pytest.mark.parametrize("lift", ["paper", "artifact"])
+def test_lift_to_the_minimum_waiting_counter(lift):
+    tr = two_client_trace()
+    policy = VTC(lift=lift)
+    policy.bind(tr)
+    q = WaitingQueue(tr.client.tolist())
+    policy.on_arrival(0, 0.0, q)
+    q.push(0)
+    policy.counter[:] = [50.0, 0.0]
+    policy.on_arrival(1, 1.0, q)
+    assert policy.counter[1] == 50.0
+    q.push(1)
+    policy.counter[1] = 7.0
+    policy.on_arrival(2, 2.0, q)  # b already waits: no lift
+    assert policy.counter[1] == 7.0
+
+
+def test_pick_smallest_counter_ties_to_first_seen_client():
+    tr = Trace.from_columns(
+        client=["b", "a"],
+        arrival=[0.0, 0.0],
+        prompt_len=[5, 5],
+        output_len=[5, 5],
+        client_names=["a", "b"],
+    )
+    policy = VTC()
+    policy.bind(tr)
+    q = WaitingQueue(tr.client.tolist())
+    for r in (0, 1):
+        policy.on_arrival(r, 0.0, q)
+        q.push(r)
+    assert policy.pick(q, 0.0) == 0  # equal counters: client b appeared first
+    policy.counter[tr.client_of("b")] = 1.0
+    assert policy.pick(q, 0.0) == 1
+
+
+def test_rpm_sliding_window_is_inclusive_and_counts_accepted_only():
+    tr = Trace.from_columns(
+        client=["a"] * 5,
+        arrival=[0.0, 10.0, 20.0, 61.0, 70.0],
+        prompt_len=[5] * 5,
+        output_len=[5] * 5,
+    )
+    tl = simulate(tr, RPM(limit=2), a10g_cost(), SLoRAConfig())
+    assert tl.status.tolist() == [COMPLETED, COMPLETED, REJECTED, COMPLETED, REJECTED]
+    assert tl.reason[2] == "rpm_limit" and tl.generated[2] == 0
+
+
+def overload(duration=360, weights=(1.0, 1.0)):
+    return SyntheticWorkload(
+        [
+            ClientSpec(f"client{i}", Uniform(r), Fixed(256), Fixed(256), weight=w)
+            for i, (r, w) in enumerate(zip((1.5, 3.0), weights))
+        ],
+        duration=duration,
+    ).build(0)
+
+
+def served_tokens(tl, until):
+    """Prompt + 2 x output tokens of requests finished by `until`, per client."""
+    t = tl.trace
+    done = tl.finished_at <= until
+    cost = t.prompt_len + 2 * t.output_len
+    return np.bincount(t.client[done], weights=cost[done], minlength=t.num_clients)
+
+
+def test_vtc_equalises_backlogged_clients_where_fcfs_follows_the_arrival_ratio():
+    tr = overload()
+    vtc = served_tokens(simulate(tr, VTC(), a10g_cost(), SLoRAConfig()), 300)
+    fcfs = served_tokens(simulate(tr, FCFS(), a10g_cost(), SLoRAConfig()), 300)
+    assert vtc[0] / vtc[1] == pytest.approx(1.0, abs=0.05)
+    assert fcfs[0] / fcfs[1] == pytest.approx(0.5, abs=0.08)
+
+
+def test_weighted_vtc_serves_in_proportion_to_weights():
+    tr = overload(weights=(1.0, 2.0))
+    served = served_tokens(simulate(tr, VTC(), a10g_cost(), SLoRAConfig()), 300)
+    assert served[1] / served[0] == pytest.approx(2.0, rel=0.08)
+    tr = overload()  # weights given in the policy instead of the trace
+    served = served_tokens(
+        simulate(tr, VTC(weights={"client1": 2.0}), a10g_cost(), SLoRAConfig()), 300
+    )
+    assert served[1] / served[0] == pytest.approx(2.0, rel=0.08)
+
+
+def test_lcf_lets_a_returning_client_starve_the_other_vtc_does_not():
+    wl = SyntheticWorkload(
+        [
+            ClientSpec("early", Uniform(3.0), Fixed(256), Fixed(256)),
+            ClientSpec("late", Uniform(3.0), Fixed(256), Fixed(256)),
+        ],
+        duration=400,
+    ).build(0)
+    late = wl.client == 1
+    keep = ~late | (wl.arrival >= 200)  # the late client only starts at 200 s
+    tr = Trace.from_columns(
+        client=np.array(wl.client_names)[wl.client[keep]],
+        arrival=wl.arrival[keep],
+        prompt_len=wl.prompt_len[keep],
+        output_len=wl.output_len[keep],
+    )
+
+    def early_share(policy):
+        tl = simulate(tr, policy, a10g_cost(), SLoRAConfig())
+        window = (tl.admitted_at >= 210) & (tl.admitted_at < 270)
+        return (tr.client[window] == 0).mean()
+
+    assert early_share(LCF()) < 0.05  # the late client catches up on everything first
+    assert early_share(VTC()) == pytest.approx(0.5, abs=0.1)
+
+
+workloads = st.builds(
+    random_trace,
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 100),
+    clients=st.integers(1, 4),
+    max_prompt=st.sampled_from([8, 300]),
+    max_output=st.sampled_from([1, 64, 300]),
+    rate=st.sampled_from([2.0, 50.0]),
+)
+policies = st.sampled_from(
+    [
+        lambda: VTC(),
+        lambda: VTC(lift="artifact", finish_extra_charge=True),
+        lambda: VTC(weights={"c0": 3.0, "c1": 0.7}),
+        lambda: LCF(),
+        lambda: RPM(limit=3),
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads, policies, st.sampled_from([2000, 10_000]))
+def test_fast_forward_is_bit_identical_with_stateful_policies(tr, make, pool):
+    from hypothesis import assume
+
+    if isinstance(make(), VTC) and make().weights:
+        assume({"c0", "c1"} <= set(tr.client_names))
+    cfg = SLoRAConfig(pool_tokens=pool)
+    p_fast, p_slow = make(), make()
+    fast = simulate(tr, p_fast, a10g_cost(), cfg)
+    slow = simulate(tr, p_slow, a10g_cost(), replace(cfg, fast_forward=False))
+    for name in ("status", "admitted_at", "first_token_at", "finished_at", "generated"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+    if isinstance(p_fast, VTC):
+        np.testing.assert_array_equal(p_fast.counter, p_slow.counter)
+
+
+def test_unknown_weight_client_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown client 'zz'"):
+        simulate(overload(20), VTC(weights={"zz": 2.0}), a10g_cost(), SLoRAConfig())
