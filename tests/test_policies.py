@@ -14,20 +14,22 @@ from simulator.timeline import COMPLETED, REJECTED
 from traces import ClientSpec, Fixed, SyntheticWorkload, Trace, Uniform
 
 
-def two_client_trace():
-    return Trace.from_columns(
+def bound_vtc(lift):
+    """A VTC policy bound to a three-request trace (a, b, b) with client a already arrived."""
+    tr = Trace.from_columns(
         client=["a", "b", "b"], arrival=[0.0, 1.0, 2.0], prompt_len=[5, 5, 5], output_len=[5] * 3
     )
-
-
-@pytest.mark.parametrize(("lift", "expected"), [("paper", 100.0), ("artifact", 0.0), ("none", 0.0)])
-def test_lift_on_empty_queue_uses_the_last_client_to_leave(lift, expected):
-    tr = two_client_trace()
     policy = VTC(lift=lift)
     policy.bind(tr)
     q = WaitingQueue(tr.client.tolist())
     policy.on_arrival(0, 0.0, q)
     q.push(0)
+    return policy, q
+
+
+@pytest.mark.parametrize(("lift", "expected"), [("paper", 100.0), ("artifact", 0.0), ("none", 0.0)])
+def test_lift_on_empty_queue_uses_the_last_client_to_leave(lift, expected):
+    policy, q = bound_vtc(lift)
     q.remove(0)  # client a leaves the queue last
     policy.counter[:] = [100.0, 0.0]
     policy.on_arrival(1, 1.0, q)
@@ -36,12 +38,7 @@ def test_lift_on_empty_queue_uses_the_last_client_to_leave(lift, expected):
 
 @pytest.mark.parametrize("lift", ["paper", "artifact"])
 def test_lift_to_the_minimum_waiting_counter(lift):
-    tr = two_client_trace()
-    policy = VTC(lift=lift)
-    policy.bind(tr)
-    q = WaitingQueue(tr.client.tolist())
-    policy.on_arrival(0, 0.0, q)
-    q.push(0)
+    policy, q = bound_vtc(lift)
     policy.counter[:] = [50.0, 0.0]
     policy.on_arrival(1, 1.0, q)
     assert policy.counter[1] == 50.0
