@@ -92,7 +92,6 @@ class SLoRAEngine:
         self.prompt = trace.prompt_len
         self.output = trace.output_len
         self.client = trace.client
-        self.arrival = trace.arrival
         self._arrival = trace.arrival.tolist()  # Python floats: fast scalar access in the loop
         self.queue = WaitingQueue(trace.client.tolist())
         self.status = np.full(n, IN_FLIGHT, dtype=np.int8)
@@ -105,9 +104,9 @@ class SLoRAEngine:
         self.steps = StepLog()
         self.running = np.empty(0, dtype=np.int64)  # trace rows, in admission order
         self._run_cols: dict[str, np.ndarray] = {}  # per-running-request columns, same order
-        self._set_running(self.running)
-        self.running_clients: dict[int, int] = {}
+        self._next_finish = -1  # decode count of the next finish among running requests
         self._fit: RunningFit | None = None  # fit-test state, built lazily per running set
+        self.running_clients: dict[int, int] = {}
         self.now = 0.0
         self.decodes = 0  # decode steps so far
         self.wait_steps = 0  # decode steps since the last prefill (capped at max_wait_tokens)
@@ -166,7 +165,7 @@ class SLoRAEngine:
             if not self.running.shape[0]:
                 if self.next_row >= len(self.trace):
                     return
-                nxt = float(self.arrival[self.next_row])
+                nxt = self._arrival[self.next_row]
                 if cfg.horizon is not None and nxt > cfg.horizon:
                     return
                 yield env.timeout(max(0.0, nxt - env.now))
@@ -191,7 +190,7 @@ class SLoRAEngine:
         if p > cfg.batch_max_tokens:
             self._end(req, REFUSED, "prompt_exceeds_batch_max_tokens")
             return
-        rejection = self.policy.on_arrival(req, float(self.arrival[req]), self.queue)
+        rejection = self.policy.on_arrival(req, self._arrival[req], self.queue)
         if rejection is not None:
             self._end(req, REJECTED, rejection)
             return
