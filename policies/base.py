@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+import pandas as pd
 
 from simulator.queue import WaitingQueue
 from traces.schema import Trace
@@ -40,10 +41,11 @@ class Policy(Protocol):
         """`req` was picked but does not fit; batch forming stops after this call."""
         ...
 
-    def on_decode(self, running_clients: np.ndarray, step_ends: np.ndarray) -> None:
-        """Decode steps ended at the times `step_ends`; in each, every running request (its client
-        listed once per request in `running_clients`) produced one token. Engines may report
-        several steps at once (fast-forward); a policy must give the same state either way."""
+    def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
+        """Decode steps ended at the times `step_ends`; in each, every request in `running` (trace
+        rows in admission order; `clients` are their clients) produced one token. Engines may
+        report several steps at once (fast-forward); a policy must end in the same state
+        either way."""
         ...
 
     def on_finish(self, req: int, now: float) -> None:
@@ -53,6 +55,11 @@ class Policy(Protocol):
     def preemption_victim(self, running: list[int]) -> int:
         """Which running request a preempting engine (vLLM-style) evicts; `running` is in
         admission order."""
+        ...
+
+    def counter_events(self) -> pd.DataFrame | None:
+        """Every change to the policy's per-client counters (policies/counters.py), or None for
+        a policy without counters. Called once, after the run."""
         ...
 
 
@@ -76,7 +83,7 @@ class BasePolicy:
     def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> None:
         return None
 
-    def on_decode(self, running_clients: np.ndarray, step_ends: np.ndarray) -> None:
+    def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
         return None
 
     def on_finish(self, req: int, now: float) -> None:
@@ -85,3 +92,6 @@ class BasePolicy:
     def preemption_victim(self, running: list[int]) -> int:
         """vLLM's FCFS rule: the most recently admitted request."""
         return running[-1]
+
+    def counter_events(self) -> pd.DataFrame | None:
+        return None

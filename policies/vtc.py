@@ -1,13 +1,17 @@
-"""Virtual token counters: VTC, weighted VTC and LCF (spec: policies.md, VTC paper Algorithm 2).
+"""Virtual token counters: VTC and its variants, and LCF (spec: policies.md; VTC paper Alg. 2-4).
 
 One counter per client. Selection: the waiting client with the smallest counter (ties: the client
 that appeared first), its earliest request; batch forming stops at the first that does not fit.
-Charges: w_p per prompt token at admission, w_q per output token after each decode step (the
-first token, from the prefill step, is free), each divided by the client's weight.
+Charges (policies/charging.py): h(n_p, 0) at admission, then each output token after the first;
+each divided by the client's weight. h is linear (w_p = 1, w_q = 2) or the paper's profiled one.
 Counter lift on an arrival whose client has nothing waiting:
 - "paper" (default): empty queue -> max(c_u, c_last_left); else max(c_u, min of waiting counters);
 - "artifact": only the min over other waiting clients, nothing when none waits;
 - "none": LCF, least counter first, which lets a returning idle client starve the others.
+Length prediction (Algorithm 3): "oracle" charges the output up front, exact or (predict_range r
+> 0) drawn uniformly from [L(1 - r), L(1 + r)] with the policy's own seeded stream;
+"moving_average" predicts each client's recent mean output; tokens past the prediction are charged
+as they come and an over-prediction is refunded at finish.
 """
 
 from __future__ import annotations
@@ -15,21 +19,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import pandas as pd
 
 from policies.base import BasePolicy
+from policies.charging import TokenCharges, client_weights, sequential_sum
+from policies.counters import ADMIT, DECODE, FINISH_EXTRA, LIFT, REFUND, CounterLog
+from policies.service import make_service
 from simulator.queue import WaitingQueue
 from traces.schema import Trace
 
 LIFTS = ("paper", "artifact", "none")
-
-
-def add_repeated(value: float, increment: float, times: int) -> float:
-    """value + increment added `times` times, one addition at a time (so chunking never matters)."""
-    if times == 1:
-        return value + increment
-    steps = np.full(times + 1, increment)
-    steps[0] = value
-    return float(np.cumsum(steps)[-1])
+PREDICTIONS = ("none", "oracle", "moving_average")
+NEVER = np.iinfo(np.int64).max
 
 
 class VTC(BasePolicy):
@@ -42,39 +43,57 @@ class VTC(BasePolicy):
         lift: str = "paper",
         weights: Mapping[str, float] | None = None,
         finish_extra_charge: bool = False,
+        service: str = "linear",
+        prediction: str = "none",
+        predict_range: float = 0.0,
+        seed: int = 0,
     ) -> None:
         if lift not in LIFTS:
             raise ValueError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
-        for label, price in (("input_price", input_price), ("output_price", output_price)):
-            if not (np.isfinite(price) and price >= 0):
-                raise ValueError(f"policy.{label} must be a number >= 0, got {price!r}")
-        self.input_price, self.output_price = float(input_price), float(output_price)
-        self.lift = lift
+        if prediction not in PREDICTIONS:
+            raise ValueError(f"policy.prediction must be one of {PREDICTIONS}, got {prediction!r}")
+        if not (0.0 <= predict_range <= 1.0):
+            raise ValueError(f"policy.predict_range must be in [0, 1], got {predict_range!r}")
+        if predict_range and prediction != "oracle":
+            raise ValueError("policy.predict_range applies only to prediction=oracle (VTC(±r))")
+        self.service = make_service(service, input_price, output_price)
+        self.output_price = float(output_price)
+        self.lift, self.prediction = lift, prediction
+        self.predict_range, self.seed = float(predict_range), int(seed)
         self.weights = dict(weights or {})
         self.finish_extra_charge = finish_extra_charge
 
     def bind(self, trace: Trace) -> None:
         super().bind(trace)
-        weight = trace.client_weight.astype(np.float64)
-        for name, w in self.weights.items():
-            if name not in trace.client_names:
-                raise ValueError(
-                    f"policy.weights: unknown client {name!r}; clients are "
-                    f"{list(trace.client_names)}"
-                )
-            if not (np.isfinite(w) and w > 0):
-                raise ValueError(f"policy.weights[{name}] must be > 0, got {w!r}")
-            weight[trace.client_names.index(name)] = float(w)
-        self.weight = weight
+        self.weight = client_weights(trace, self.weights)
+        predicted = None
+        if self.prediction == "oracle":
+            predicted = trace.output_len.astype(np.float64)
+            if self.predict_range:
+                rng = np.random.default_rng(self.seed)
+                r = self.predict_range
+                predicted = predicted * rng.uniform(1.0 - r, 1.0 + r, len(trace))
+        elif self.prediction == "moving_average":
+            predicted = np.zeros(len(trace))  # filled in at admission from the client's mean
+            self.mean_output = np.zeros(trace.num_clients)
+        self.charges = TokenCharges(trace, self.service, self.weight, predicted)
         self.counter = np.zeros(trace.num_clients)
-        self.first_seen = np.full(trace.num_clients, np.iinfo(np.int64).max)
+        self.first_seen = np.full(trace.num_clients, NEVER)
         self._seen = 0
+        self.log = CounterLog()
         self._charged_step = -1.0  # end time of the last step given the artifact's extra charge
         self._last_step: tuple[float, np.ndarray] | None = None
 
+    def counter_events(self) -> pd.DataFrame:
+        return self.log.frame(list(self.trace.client_names))
+
+    def _charge(self, client: int, delta: float, now: float, cause: int) -> None:
+        self.counter[client] += delta
+        self.log.add(now, client, delta, float(self.counter[client]), cause)
+
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         u = int(self.trace.client[req])
-        if self.first_seen[u] == np.iinfo(np.int64).max:
+        if self.first_seen[u] == NEVER:
             self.first_seen[u] = self._seen
             self._seen += 1
         if self.lift == "none" or queue.has_waiting(u):
@@ -82,9 +101,12 @@ class VTC(BasePolicy):
         waiting = queue.waiting_clients()
         if waiting:
             floor = min(self.counter[c] for c in waiting)
-            self.counter[u] = max(self.counter[u], floor)
         elif self.lift == "paper" and queue.last_left_client is not None:
-            self.counter[u] = max(self.counter[u], self.counter[queue.last_left_client])
+            floor = self.counter[queue.last_left_client]
+        else:
+            return None
+        if floor > self.counter[u]:
+            self._charge(u, floor - self.counter[u], now, LIFT)
         return None
 
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
@@ -96,23 +118,34 @@ class VTC(BasePolicy):
 
     def on_admit(self, req: int, now: float) -> None:
         c = int(self.trace.client[req])
-        self.counter[c] += self.input_price * float(self.trace.prompt_len[req]) / self.weight[c]
+        if self.prediction == "moving_average":
+            self.charges.predicted[req] = self.mean_output[c]  # type: ignore[index]
+        self._charge(c, self.charges.admit(req), now, ADMIT)
 
-    def on_decode(self, running_clients: np.ndarray, step_ends: np.ndarray) -> None:
-        counts = np.bincount(running_clients, minlength=self.counter.shape[0])
-        for c in np.flatnonzero(counts).tolist():
-            inc = self.output_price * float(counts[c]) / self.weight[c]
-            self.counter[c] = add_repeated(float(self.counter[c]), inc, step_ends.shape[0])
-        self._last_step = (float(step_ends[-1]), running_clients)
+    def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
+        for c, incs in self.charges.decode(running, clients, step_ends.shape[0]):
+            values = sequential_sum(float(self.counter[c]), incs)
+            self.counter[c] = values[-1]
+            self.log.add_many(step_ends, c, incs, values, DECODE)
+        self._last_step = (float(step_ends[-1]), clients)
 
     def on_finish(self, req: int, now: float) -> None:
-        if not self.finish_extra_charge or self._last_step is None:
-            return
-        end, clients = self._last_step
-        if end == now and self._charged_step != now:
-            self._charged_step = now  # once per step, for everyone in that step's batch
-            counts = np.bincount(clients, minlength=self.counter.shape[0])
-            self.counter += self.output_price * counts / self.weight
+        c = int(self.trace.client[req])
+        refund = self.charges.refund(req)
+        if refund:
+            self._charge(c, refund, now, REFUND)
+        if self.prediction == "moving_average":
+            actual, old = float(self.trace.output_len[req]), self.mean_output[c]
+            self.mean_output[c] = actual if old == 0 else (4.0 * old + actual) / 5.0
+        if self.finish_extra_charge and self._last_step is not None:
+            end, clients = self._last_step
+            if end == now and self._charged_step != now:
+                self._charged_step = now  # once per step, for everyone in that step's batch
+                counts = np.bincount(clients, minlength=self.counter.shape[0])
+                for k in np.flatnonzero(counts).tolist():
+                    self._charge(
+                        k, self.output_price * counts[k] / self.weight[k], now, FINISH_EXTRA
+                    )
 
 
 class LCF(VTC):
@@ -125,5 +158,6 @@ class LCF(VTC):
         input_price: float = 1.0,
         output_price: float = 2.0,
         weights: Mapping[str, float] | None = None,
+        service: str = "linear",
     ) -> None:
-        super().__init__(input_price, output_price, lift="none", weights=weights)
+        super().__init__(input_price, output_price, lift="none", weights=weights, service=service)

@@ -137,6 +137,7 @@ class SLoRAEngine:
             first_decode=self.first_decode,
             steps=self.steps.columns(),
             pool_tokens=self.cfg.pool_tokens,
+            counters=self.policy.counter_events(),
             info={
                 "engine": "slora",
                 "end_time": self.now,
@@ -297,11 +298,11 @@ class SLoRAEngine:
         while self.next_row < n_rows and arrival[self.next_row] <= limit:
             j = int(np.searchsorted(ends, arrival[self.next_row], side="left"))
             if j > done:
-                self.policy.on_decode(clients, ends[done:j])
+                self.policy.on_decode(self.running, clients, ends[done:j])
                 done = j
             self._arrive(self.next_row)
             self.next_row += 1
-        self.policy.on_decode(clients, ends[done:])
+        self.policy.on_decode(self.running, clients, ends[done:])
 
         self.steps.append_run(self.now, ends, DECODE, n, n, self.kv_used + n, n)
         self.decodes += k

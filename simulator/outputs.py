@@ -28,6 +28,7 @@ class RunOutputs:
     tokens: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
+    counters: pd.DataFrame | None = None  # counters.parquet, for policies with counters
 
 
 def config_digest(config: dict[str, Any]) -> str:
@@ -77,8 +78,10 @@ def write_run(
     requests.to_parquet(folder / "requests.parquet", index=False)
     tokens.to_parquet(folder / "tokens.parquet", index=False)
     steps.to_parquet(folder / "steps.parquet", index=False)
+    if timeline.counters is not None:
+        timeline.counters.to_parquet(folder / "counters.parquet", index=False)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
-    return RunOutputs(requests, tokens, steps, summary)
+    return RunOutputs(requests, tokens, steps, summary, timeline.counters)
 
 
 def load_run(folder: str | Path) -> RunOutputs:
@@ -91,6 +94,11 @@ def load_run(folder: str | Path) -> RunOutputs:
         tokens=pd.read_parquet(folder / "tokens.parquet"),
         steps=pd.read_parquet(folder / "steps.parquet"),
         summary=json.loads((folder / "summary.json").read_text()),
+        counters=(
+            pd.read_parquet(folder / "counters.parquet")
+            if (folder / "counters.parquet").exists()
+            else None
+        ),
     )
 
 

@@ -89,6 +89,7 @@ class Timeline:
     steps: dict[str, np.ndarray]
     pool_tokens: int
     info: dict[str, object] = field(default_factory=dict)
+    counters: pd.DataFrame | None = None  # the policy's counter events (policies/counters.py)
 
     def token_times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, index, time) of every emitted output token, grouped by row, index 0 first.

@@ -4,8 +4,12 @@ from traces.arrivals import Gamma, LinearRamp, OnOff, Phase, Piecewise, Poisson,
 from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
 from traces.schema import Trace, TraceError
 from traces.synthetic import ClientSpec, SyntheticWorkload
+from traces.vtc_suites import ArtifactSuite, VTCRealTrace, load_vtc_real
 
 __all__ = [
+    "ArtifactSuite",
+    "VTCRealTrace",
+    "load_vtc_real",
     "ClientSpec",
     "Empirical",
     "Fixed",

@@ -1,0 +1,100 @@
+"""Turning served tokens into per-client charges: the arithmetic VTC, LCF and DRR share.
+
+A request's prompt is charged h(n_p, 0) at admission; each output token after the first (the
+prefill step's token is free) is charged h(n_p, n_q) - h(n_p, n_q - 1). With a length prediction,
+admission charges h(n_p, predicted) instead and a token is charged only once the request has
+generated more than predicted. Every charge to client i is divided by its weight w_i.
+
+Decode charges are returned per client and per step, summed request by request in running order,
+so a run of k steps reported at once gives bit-identical charges to k single steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from policies.service import LinearService, ProfiledService
+from traces.schema import Trace
+
+
+def client_weights(trace: Trace, overrides: Mapping[str, float] | None) -> np.ndarray:
+    """The trace's per-client weights, with `policy.weights` (by client name) taking precedence."""
+    weight = trace.client_weight.astype(np.float64)
+    for name, w in (overrides or {}).items():
+        if name not in trace.client_names:
+            raise ValueError(
+                f"policy.weights: unknown client {name!r}; clients are {list(trace.client_names)}"
+            )
+        if not (np.isfinite(w) and w > 0):
+            raise ValueError(f"policy.weights[{name}] must be a number > 0, got {w!r}")
+        weight[trace.client_names.index(name)] = float(w)
+    return weight
+
+
+def sequential_sum(start: float, increments: np.ndarray) -> np.ndarray:
+    """Running totals start + inc_1, + inc_2, ... added one at a time (chunking never matters)."""
+    return np.cumsum(np.concatenate(([start], increments)))[1:]
+
+
+class TokenCharges:
+    def __init__(
+        self,
+        trace: Trace,
+        service: LinearService | ProfiledService,
+        weights: np.ndarray,
+        predicted: np.ndarray | None = None,
+    ) -> None:
+        self.trace, self.h, self.weight = trace, service, weights
+        self.prompt = trace.prompt_len.astype(np.float64)
+        self.predicted = predicted  # per request; None = no prediction
+        self.generated = np.zeros(len(trace), dtype=np.int64)
+        # one price per output token, no prediction: a per-client count is all a step needs
+        self.constant_token_price = (
+            float(service.output_price)
+            if isinstance(service, LinearService) and predicted is None
+            else None
+        )
+
+    def admit(self, req: int) -> float:
+        """The (weighted) charge at admission; the request has its first token after prefill."""
+        self.generated[req] = 1
+        q = 0.0 if self.predicted is None else float(self.predicted[req])
+        return float(self.h(self.prompt[req], q)) / self.weight[self.trace.client[req]]
+
+    def decode(
+        self, running: np.ndarray, clients: np.ndarray, steps: int
+    ) -> list[tuple[int, np.ndarray]]:
+        """Per client with running requests: its charge in each of `steps` decode steps."""
+        out: list[tuple[int, np.ndarray]] = []
+        if self.constant_token_price is not None:
+            counts = np.bincount(clients)
+            for c in np.flatnonzero(counts).tolist():
+                inc = self.constant_token_price * float(counts[c]) / self.weight[c]
+                out.append((c, np.full(steps, inc)))
+            return out
+        g = self.generated[running]
+        tokens = (g[:, None] + np.arange(1, steps + 1)[None, :]).astype(np.float64)
+        p = self.prompt[running][:, None]
+        inc = self.h(p, tokens) - self.h(p, tokens - 1.0)
+        if self.predicted is not None:
+            inc = np.where(tokens > self.predicted[running][:, None], inc, 0.0)
+        self.generated[running] = g + steps
+        for c in np.unique(clients).tolist():
+            acc = np.zeros(steps)
+            for row in np.flatnonzero(clients == c).tolist():
+                acc += inc[row]
+            out.append((c, acc / self.weight[c]))
+        return out
+
+    def refund(self, req: int) -> float:
+        """At finish: minus the over-prediction h(n_p, predicted) - h(n_p, actual), if any."""
+        if self.predicted is None:
+            return 0.0
+        actual, predicted = float(self.trace.output_len[req]), float(self.predicted[req])
+        if actual >= predicted:
+            return 0.0
+        p = self.prompt[req]
+        over = float(self.h(p, predicted)) - float(self.h(p, actual))
+        return -over / self.weight[self.trace.client[req]]
