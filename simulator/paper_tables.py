@@ -1,0 +1,163 @@
+"""The VTC paper's fairness tables (reference.md), re-measured on the simulator.
+
+`fairsim-vtc-tables` runs every row and prints the measured Max Diff / Avg Diff / Diff Var /
+throughput next to the paper's. Each row is an experiment config plus a policy, with no per-row
+tuning: the engine, cost model and metric conventions are the same for every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+from policies.service import LinearService, ProfiledService
+from simulator.fairness import fairness_summary
+from simulator.run import build_trace, simulate
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    table: str
+    label: str
+    overrides: tuple[str, ...]
+    max_diff: float
+    avg_diff: float
+    diff_var: float | None = None
+    throughput: float | None = None
+    rejected: int | None = None
+
+    @property
+    def profiled(self) -> bool:
+        return "policy.service=profiled" in self.overrides
+
+
+def _row(table: str, label: str, overrides: str, *numbers: float | None, **kw: int) -> PaperRow:
+    return PaperRow(table, label, tuple(overrides.split()), *numbers, **kw)  # type: ignore[arg-type]
+
+
+REAL = "experiment=vtc_real"
+PROFILED = "policy.service=profiled"
+ROWS = (
+    _row("2", "FCFS", f"{REAL} policy=fcfs", 759.97, 433.53, 32112.00, 777),
+    _row("2", "LCF", f"{REAL} policy=lcf", 750.49, 323.82, 29088.90, 778),
+    _row("2", "VTC", f"{REAL} policy=vtc", 368.40, 251.66, 6549.16, 779),
+    _row("2", "VTC(predict)", f"{REAL} policy=vtc_predict", 365.47, 240.33, 5321.62, 773),
+    _row("2", "VTC(oracle)", f"{REAL} policy=vtc_oracle", 329.46, 227.51, 4475.76, 781),
+    _row(
+        "2",
+        "RPM(5)",
+        f"{REAL} policy=rpm policy.limit=5",
+        143.86,
+        83.58,
+        1020.46,
+        340,
+        rejected=919,
+    ),
+    _row("2", "RPM(10)", f"{REAL} policy=rpm policy.limit=10", None, None, None, 532, rejected=600),
+    _row("2", "RPM(15)", f"{REAL} policy=rpm policy.limit=15", None, None, None, 626, rejected=447),
+    _row(
+        "2",
+        "RPM(20)",
+        f"{REAL} policy=rpm policy.limit=20",
+        446.76,
+        195.71,
+        7449.79,
+        694,
+        rejected=342,
+    ),
+    _row(
+        "2",
+        "RPM(30)",
+        f"{REAL} policy=rpm policy.limit=30",
+        693.66,
+        309.45,
+        24221.31,
+        747,
+        rejected=176,
+    ),
+    _row("3", "FCFS", f"{REAL} policy=fcfs", 743.23, 457.29, None, 777),
+    _row("3", "VTC", f"{REAL} policy=vtc {PROFILED}", 707.35, 368.74, None, 780),
+    _row("3", "VTC(predict)", f"{REAL} policy=vtc_predict {PROFILED}", 617.22, 337.05),
+    _row("3", "VTC(oracle)", f"{REAL} policy=vtc_oracle {PROFILED}", 387.43, 277.18),
+    _row("4", "FCFS", "experiment=vtc_overload policy=fcfs", 323.18, 317.13, None, 876),
+    _row("4", "VTC", f"experiment=vtc_overload policy=vtc {PROFILED}", 137.27, 74.87, None, 900),
+    _row(
+        "4",
+        "VTC(oracle)",
+        f"experiment=vtc_overload policy=vtc_oracle {PROFILED}",
+        4.28,
+        0.34,
+        None,
+        893,
+    ),
+    _row("5", "FCFS", "experiment=vtc_overload policy=fcfs", 447, 439),
+    _row("5", "VTC", "experiment=vtc_overload policy=vtc", 192.88, 103.77, 6981.24, 893),
+    _row(
+        "5",
+        "VTC(±50%)",
+        "experiment=vtc_overload policy=vtc_oracle policy.predict_range=0.5",
+        33.98,
+        12.54,
+        111.94,
+        904,
+    ),
+    _row("5", "VTC(oracle)", "experiment=vtc_overload policy=vtc_oracle", 5.87, 0.51, 1.71, 895),
+    _row("6", "VTC", "experiment=vtc_overload_multi policy=vtc", 322.16, 162.20, 5151.49, 875),
+    _row(
+        "6",
+        "VTC(±50%)",
+        "experiment=vtc_overload_multi policy=vtc_oracle policy.predict_range=0.5",
+        99.43,
+        66.32,
+        487.10,
+    ),
+    _row(
+        "6", "VTC(oracle)", "experiment=vtc_overload_multi policy=vtc_oracle", 43.23, 36.34, 56.52
+    ),
+)
+
+
+def measure(row: PaperRow) -> dict[str, object]:
+    """Run one row's configuration and score it as the paper did (revision form)."""
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=list(row.overrides))
+    timeline = simulate(
+        build_trace(cfg),
+        instantiate(cfg.policy, _convert_="all"),
+        instantiate(cfg.cost_model, _convert_="all"),
+        instantiate(cfg.engine, _convert_="all"),
+    )
+    table_service = ProfiledService() if row.table in ("3", "4") else LinearService()
+    return fairness_summary(timeline.requests_frame(), timeline.tokens_frame(), table_service)
+
+
+def _cell(measured: float, paper: float | None, digits: int = 1) -> str:
+    if paper is None:
+        return f"{measured:>10.{digits}f} {'':>10} {'':>6}"
+    return f"{measured:>10.{digits}f} {paper:>10.{digits}f} {100 * (measured / paper - 1):>+5.0f}%"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", action="append", help="only these tables (2, 3, 4, 5, 6)")
+    args = parser.parse_args(argv)
+    head = (
+        f"{'table':<6}{'scheduler':<14}"
+        + "".join(f"{name:>10} {'paper':>10} {'':>6}" for name in ("Max Diff", "Avg Diff", "tok/s"))
+        + f"{'rejected':>9} {'paper':>6}"
+    )
+    print(head)
+    for row in ROWS:
+        if args.table and row.table not in args.table:
+            continue
+        m = measure(row)
+        line = f"{row.table:<6}{row.label:<14}"
+        line += _cell(m["max_diff"], row.max_diff) + _cell(m["avg_diff"], row.avg_diff)  # type: ignore[arg-type]
+        line += _cell(m["throughput_tokens_per_s"], row.throughput, 0)  # type: ignore[arg-type]
+        line += f"{m['rejected']:>9} {'' if row.rejected is None else row.rejected:>6}"
+        print(line, flush=True)
+    sys.stdout.flush()
