@@ -9,7 +9,7 @@ Counter lift on an arrival whose client has nothing waiting:
 - "artifact": only the min over other waiting clients, nothing when none waits;
 - "none": LCF, least counter first, which lets a returning idle client starve the others.
 Length prediction (Algorithm 3): "oracle" charges the output up front, exact or (predict_range r
-> 0) drawn uniformly from [L(1 - r), L(1 + r)] with the policy's own seeded stream;
+> 0) drawn uniformly from [L(1 - r), L(1 + r)] (rounded) with the policy's own seeded stream;
 "moving_average" predicts each client's recent mean output; tokens past the prediction are charged
 as they come and an over-prediction is refunded at finish.
 """
@@ -72,7 +72,8 @@ class VTC(BasePolicy):
             if self.predict_range:
                 rng = np.random.default_rng(self.seed)
                 r = self.predict_range
-                predicted = predicted * rng.uniform(1.0 - r, 1.0 + r, len(trace))
+                # a predictor names a token count: rounding keeps the final charge exactly h(p, L)
+                predicted = np.round(predicted * rng.uniform(1.0 - r, 1.0 + r, len(trace)))
         elif self.prediction == "moving_average":
             predicted = np.zeros(len(trace))  # filled in at admission from the client's mean
             self.mean_output = np.zeros(trace.num_clients)

@@ -1,12 +1,14 @@
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import a10g_cost, random_trace
-from policies import FCFS, LCF, RPM, VTC
+from policies import DRR, FCFS, LCF, RPM, VTC
+from policies.service import ProfiledService
 from simulator.engine import SLoRAConfig
 from simulator.queue import WaitingQueue
 from simulator.run import simulate
@@ -158,6 +160,11 @@ policies = st.sampled_from(
         lambda: VTC(weights={"c0": 3.0, "c1": 0.7}),
         lambda: LCF(),
         lambda: RPM(limit=3),
+        lambda: VTC(service="profiled"),
+        lambda: VTC(prediction="oracle", predict_range=0.5, seed=3),
+        lambda: VTC(prediction="moving_average", service="profiled"),
+        lambda: DRR(quantum=50.0),
+        lambda: DRR(quantum=500.0, service="profiled"),
     ]
 )
 
@@ -177,8 +184,129 @@ def test_fast_forward_is_bit_identical_with_stateful_policies(tr, make, pool):
         np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
     if isinstance(p_fast, VTC):
         np.testing.assert_array_equal(p_fast.counter, p_slow.counter)
+    if isinstance(p_fast, DRR):
+        np.testing.assert_array_equal(p_fast.credit, p_slow.credit)
+    events_fast, events_slow = p_fast.counter_events(), p_slow.counter_events()
+    if events_fast is not None:
+        pd.testing.assert_frame_equal(events_fast, events_slow)
 
 
 def test_unknown_weight_client_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown client 'zz'"):
         simulate(overload(20), VTC(weights={"zz": 2.0}), a10g_cost(), SLoRAConfig())
+
+
+def single_request_trace(prompt=40, output=30, clients=("a",)):
+    return Trace.from_columns(
+        client=list(clients),
+        arrival=[0.0] * len(clients),
+        prompt_len=[prompt] * len(clients),
+        output_len=[output] * len(clients),
+    )
+
+
+def run_alone(policy, tr):
+    simulate(tr, policy, a10g_cost(), SLoRAConfig(fast_forward=False))
+    return policy
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (VTC(), 1 * 40 + 2 * 29),  # the first token (from prefill) is free
+        (VTC(prediction="oracle"), 1 * 40 + 2 * 30),  # Algorithm 3: exact prediction up front
+        (VTC(service="profiled"), None),  # h(40, 0) + h(40, 30) - h(40, 1)
+        (VTC(weights={"a": 4.0}), (40 + 2 * 29) / 4),
+    ],
+    ids=["linear", "oracle", "profiled", "weighted"],
+)
+def test_total_charge_of_one_request(policy, expected):
+    h = ProfiledService()
+    if expected is None:
+        expected = float(h(40, 0) + h(40, 30) - h(40, 1))
+    run_alone(policy, single_request_trace())
+    assert policy.counter[0] == pytest.approx(expected, rel=1e-12)
+    events = policy.counter_events()
+    assert events["delta"].sum() == pytest.approx(expected, rel=1e-12)
+    assert events["value"].iloc[-1] == policy.counter[0]
+
+
+def test_over_prediction_is_refunded_and_under_prediction_charged_as_it_comes():
+    tr = single_request_trace(prompt=10, output=100, clients=("a", "b"))
+    policy = VTC(prediction="oracle", predict_range=0.5, seed=11)
+    run_alone(policy, tr)
+    # whatever the draws, the final charge is the exact service h(p, L)
+    np.testing.assert_allclose(policy.counter, [10 + 2 * 100] * 2)
+    causes = set(policy.counter_events()["cause"].astype(str))
+    assert causes <= {"admit", "decode", "refund"} and "admit" in causes
+    # its own seeded stream: same seed same draws, another seed other draws
+    draws = [policy.charges.predicted.copy()]
+    for seed in (11, 12):
+        p = VTC(prediction="oracle", predict_range=0.5, seed=seed)
+        p.bind(tr)
+        draws.append(p.charges.predicted)
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert not np.array_equal(draws[0], draws[2])
+    assert np.all((draws[0] >= 50) & (draws[0] <= 150))
+
+
+def test_moving_average_prediction_follows_the_papers_update():
+    outputs = [100, 50, 200]
+    tr = Trace.from_columns(
+        client=["a"] * 3, arrival=[0.0, 100.0, 200.0], prompt_len=[5] * 3, output_len=outputs
+    )
+    policy = run_alone(VTC(prediction="moving_average"), tr)
+    # predictions at admission: 0 (nothing finished), 100, (4 * 100 + 50) / 5 = 90
+    np.testing.assert_allclose(policy.charges.predicted, [0.0, 100.0, 90.0])
+    assert policy.mean_output[0] == pytest.approx((4 * 90 + 200) / 5)
+    # charges still add up to the service actually received (prompt + every output token but
+    # the free first one of the unpredicted request)
+    assert policy.counter[0] == pytest.approx(15 + 2 * (99 + 50 + 200))
+
+
+def test_drr_refills_in_rounds_and_converges_to_vtc_with_a_small_quantum():
+    tr = overload(120)
+    cfg = SLoRAConfig()
+    vtc = simulate(tr, VTC(), a10g_cost(), cfg)
+    tiny = simulate(tr, DRR(quantum=1e-3), a10g_cost(), cfg)
+    big = simulate(tr, DRR(quantum=1e6), a10g_cost(), cfg)
+
+    def gap(tl):  # service gap between the two backlogged clients by t = 100 s
+        done = tl.requests_frame()
+        done = done[done.finished_at <= 100]
+        per = done.groupby("client", observed=True).output_len.sum()
+        return abs(per.iloc[0] - per.iloc[1]) / per.sum()
+
+    assert gap(tiny) == pytest.approx(gap(vtc), abs=0.02)
+    assert gap(big) > 3 * gap(tiny)  # one huge quantum: whole bursts per client, FCFS-like
+
+
+def test_drr_credit_log_accounts_for_every_change():
+    tr = overload(40)
+    policy = DRR(quantum=300.0)
+    simulate(tr, policy, a10g_cost(), SLoRAConfig())
+    ev = policy.counter_events()
+    for i, name in enumerate(tr.client_names):
+        mine = ev[ev.client == name]
+        assert mine["delta"].sum() == pytest.approx(policy.credit[i])
+        assert mine["value"].iloc[-1] == pytest.approx(policy.credit[i])
+    assert {"refill", "admit", "decode"} <= set(ev["cause"].astype(str))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prediction": "psychic"}, "policy.prediction must be one of"),
+        ({"predict_range": 0.5}, "applies only to prediction=oracle"),
+        ({"prediction": "oracle", "predict_range": 1.5}, r"predict_range must be in \[0, 1\]"),
+        ({"service": "cubic"}, "policy.service must be one of"),
+    ],
+)
+def test_bad_vtc_options_are_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VTC(**kwargs)
+
+
+def test_bad_drr_quantum_is_a_clear_error():
+    with pytest.raises(ValueError, match="policy.quantum must be a number > 0"):
+        DRR(quantum=0)

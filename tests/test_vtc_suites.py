@@ -1,0 +1,128 @@
+"""The VTC artifact's workload generators, request for request (workloads.md §1, seed 42)."""
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+
+from conftest import shared_file
+from simulator.run import build_trace
+from traces import ArtifactSuite, TraceError, VTCRealTrace, load_vtc_real
+
+COUNTS = {  # the table in workloads.md §1: requests per client
+    "vtc_overload": [540, 1080],
+    "vtc_proportional": [150, 300, 900],
+    "vtc_on_off_less": [150, 1200],
+    "vtc_on_off_overload": [600, 1800],
+    "vtc_poisson_short_long": [4826, 874],
+    "vtc_poisson_short_long_2": [4826, 874],
+    "vtc_increase": [300, 660],
+    "vtc_poisson_on_off_overload": [168, 1177],
+    "vtc_overload_multi": [144] * 3 + [216] * 5,
+    "vtc_overload_weighted": [144, 288, 432, 576],
+}
+
+
+def experiment_trace(name):
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        return build_trace(compose(config_name="config", overrides=[f"experiment={name}"]))
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_every_suite_has_the_papers_request_counts(name):
+    tr = experiment_trace(name)
+    np.testing.assert_array_equal(np.bincount(tr.client), COUNTS[name])
+    assert np.all(np.diff(tr.arrival) >= 0)
+
+
+def test_dist_shift_total_and_phases():
+    tr = experiment_trace("vtc_dist_shift")
+    assert len(tr) == 1889
+    # phase 2 (300-600 s): both clients at 1 req/s
+    mid = (tr.arrival > 305) & (tr.arrival < 595)
+    per_client = np.bincount(tr.client[mid], minlength=2)
+    assert abs(per_client[0] - per_client[1]) <= 1
+
+
+def test_uniform_draw_order_matches_a_hand_replay_of_the_artifact():
+    """Per client: prompt lengths, output lengths, then the phase rand() / rate."""
+    rs = np.random.RandomState(42)
+    rs.randint(256, 257, 540)
+    rs.randint(256, 257, 540)
+    phase0 = rs.rand() / 1.5
+    rs.randint(256, 257, 1080)
+    rs.randint(256, 257, 1080)
+    phase1 = rs.rand() / 3.0
+    tr = experiment_trace("vtc_overload")
+    a0, a1 = tr.arrival[tr.client == 0], tr.arrival[tr.client == 1]
+    assert a0[0] == phase0 + 1 / 1.5 and a1[0] == phase1 + 1 / 3.0
+    assert a0[0] == pytest.approx(0.91636008, abs=1e-8)  # values derived once from seed 42
+    assert a1[0] == pytest.approx(0.6502381, abs=1e-8)
+    np.testing.assert_allclose(np.diff(a0), 1 / 1.5)
+
+
+def test_poisson_and_increase_exact_values():
+    tr = experiment_trace("vtc_poisson_short_long")
+    np.testing.assert_allclose(tr.arrival[:3], [0.03676824, 0.08285295, 0.1703768], atol=1e-8)
+    np.testing.assert_array_equal(tr.client[:5], [0, 1, 0, 0, 0])
+    assert set(tr.prompt_len[tr.client == 0]) == {64}  # client 0's lengths are quartered
+    tr2 = experiment_trace("vtc_poisson_short_long_2")
+    assert set(tr2.prompt_len[tr2.client == 0]) == {512}
+    assert set(tr2.output_len[tr2.client == 0]) == {32}
+    inc = experiment_trace("vtc_increase")
+    np.testing.assert_allclose(inc.arrival[inc.client == 1][:3], [5.0, 9.65116279, 14.01886213])
+
+
+def test_on_off_skips_odd_minutes_of_client_0_only():
+    tr = experiment_trace("vtc_on_off_less")
+    minute = (tr.arrival[tr.client == 0] // 60).astype(int)
+    assert np.all(minute % 2 == 0)
+    assert np.any((tr.arrival[tr.client == 1] // 60).astype(int) % 2 == 1)
+
+
+def test_same_seed_same_trace_other_seed_other_phases():
+    suite = ArtifactSuite("uniform", [1.5, 3.0], 60)
+    a, b, c = suite.build(42), suite.build(42), suite.build(7)
+    np.testing.assert_array_equal(a.arrival, b.arrival)
+    assert not np.array_equal(a.arrival, c.arrival)
+
+
+def test_weighted_suite_carries_its_weights():
+    tr = experiment_trace("vtc_overload_weighted")
+    np.testing.assert_array_equal(tr.client_weight, [1.0, 2.0, 3.0, 4.0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "zipf"}, "mode must be one of"),
+        ({"rates": [1.0, -2.0]}, "rates must be numbers > 0"),
+        ({"mode": "increase", "rates": [1.0]}, "takes exactly 2 rates"),
+        ({"input_range": [5, 5]}, r"input_range must be \[lo, hi\)"),
+        ({"weights": [1.0]}, "one value per client"),
+    ],
+)
+def test_bad_suite_options_are_clear_errors(kwargs, match):
+    args = {"mode": "uniform", "rates": [1.0, 2.0], "duration": 60.0, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        ArtifactSuite(**args)
+
+
+def test_real_trace_facts():
+    tr = load_vtc_real(shared_file("vtc/real_trace.csv"))
+    assert len(tr) == 1500 and tr.num_clients == 27
+    counts = sorted(np.bincount(tr.client).tolist(), reverse=True)
+    assert counts[:5] == [296, 262, 199, 120, 67] and counts[-3:] == [2, 2, 1]
+    assert tr.prompt_len.max() == 1021 and tr.output_len.max() == 977
+    assert round(tr.prompt_len.mean()) == 136 and round(tr.output_len.mean()) == 256
+
+
+def test_missing_real_trace_names_the_file_and_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="real_trace.csv.*workload.path="):
+        VTCRealTrace(path=str(tmp_path / "nope" / "real_trace.csv")).build(0)
+
+
+def test_real_trace_with_a_missing_column_names_it(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("req_id,arrival_s,client,prompt_len\n0,0.0,a,5\n")
+    with pytest.raises(TraceError, match=r"missing column\(s\) \['output_len'\]"):
+        load_vtc_real(bad)
