@@ -14,10 +14,10 @@ from simulator.fairness import (
     rejections,
     requested_rates,
     response_times,
+    served_intervals,
     service_difference,
     service_in,
     service_rates,
-    served_intervals,
 )
 
 

@@ -213,7 +213,10 @@ def test_lcf_breaks_the_bound_after_a_distribution_shift_vtc_does_not():
     assert diffs["lcf"] > 2 * u and diffs["lcf"] > 4 * diffs["vtc"]
 
 
-def overload_difference(policy, cfg=SLoRAConfig(reserve_per_client=32)):
+ARTIFACT_ENGINE = SLoRAConfig(reserve_per_client=32)
+
+
+def overload_difference(policy, cfg=ARTIFACT_ENGINE):
     tr = ArtifactSuite("uniform", [1.5, 3.0], 360).build(0)
     tl = simulate(tr, policy, a10g_cost(), cfg)
     times = np.array([60.0, 120.0, 180.0, 240.0, 300.0, 360.0])
@@ -234,6 +237,6 @@ def test_oracle_difference_stays_within_a_few_requests():
     d = overload_difference(VTC(prediction="oracle"))
     assert d.max() <= 2 * largest_request
     slow = overload_difference(
-        VTC(prediction="oracle"), replace(SLoRAConfig(reserve_per_client=32), fast_forward=False)
+        VTC(prediction="oracle"), replace(ARTIFACT_ENGINE, fast_forward=False)
     )
     np.testing.assert_array_equal(d.to_numpy(), slow.to_numpy())
