@@ -51,6 +51,33 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_fairness(summary: dict[str, Any]) -> str:
+    """Per-client service and the VTC paper's fairness figures, beside the comparison policy's."""
+    policy = summary["config"].get("policy", {}).get("_target_", "policy").rsplit(".", 1)[-1]
+    runs = [(policy, summary["fairness"])]
+    if "comparison" in summary:
+        runs.append((summary["comparison"]["policy"].upper(), summary["comparison"]))
+    head = f"{'fairness (w_p=1, w_q=2)':<28}" + "".join(f"{name:>14}" for name, _ in runs)
+    lines = [head, "-" * len(head)]
+    clients = list(runs[0][1]["service_per_client"])
+    for c in clients:
+        cells = "".join(f"{f['service_per_client'].get(c, 0.0):>14.0f}" for _, f in runs)
+        lines.append(f"{'service ' + c:<28}" + cells)
+    lines.append(f"{'  (received by t = ' + _fmt(runs[0][1]['service_until'], 0) + ' s)':<28}")
+    for key, label in (
+        ("max_diff", "Max Diff (tok/s)"),
+        ("avg_diff", "Avg Diff (tok/s)"),
+        ("jain_index", "Jain index of service"),
+        ("throughput_tokens_per_s", "throughput (tok/s)"),
+        ("rejected", "rejected requests"),
+    ):
+        lines.append(f"{label:<28}" + "".join(f"{_fmt(f[key], 2):>14}" for _, f in runs))
+    lines.append(
+        "Max/Avg Diff: the paper's service difference over 60 s windows (metrics.md section 4)"
+    )
+    return "\n".join(lines)
+
+
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
@@ -61,6 +88,8 @@ def _main(cfg: DictConfig) -> None:
         print(f"fairsim: error: {cause}", file=sys.stderr)
         sys.exit(2)
     print(format_summary(outputs.summary))
+    print()
+    print(format_fairness(outputs.summary))
     print(f"run folder: {out_dir}")
 
 

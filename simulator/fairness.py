@@ -160,6 +160,11 @@ def service_difference(
     return pd.Series(diff, index=s.index, name="service_difference")
 
 
+def tick_span(end_time: object) -> float:
+    """T_total for the ticks: the tables' 600 s, or the run's end when it ran longer."""
+    return max(600.0, float(end_time or 0.0))  # type: ignore[arg-type]
+
+
 def difference_stats(diff: pd.Series) -> dict[str, float]:
     """Max Diff, Avg Diff and Diff Var (population variance) over ticks, as in the paper."""
     d = diff.to_numpy(dtype=float)
@@ -231,14 +236,18 @@ def fairness_summary(
     weights: Mapping[str, float] | None = None,
     total: float = 600.0,
 ) -> dict[str, object]:
-    """The paper's table row (revision form) plus per-client service and Jain's index."""
+    """The paper's table row (revision form), plus each client's service received until the
+    last arrival and Jain's index over it (weight-normalised when `weights` are given)."""
     intervals = served_intervals(requests, tokens, service)
     stats = difference_stats(service_difference(intervals, "revision", total, weights=weights))
-    per_client = intervals[intervals["served"]].groupby("client", observed=True)["service"].sum()
+    # service while requests were still arriving: the contended part, where fairness shows
+    until = float(intervals["arrival"].max())
+    per_client = accumulated_service(intervals, np.array([until])).iloc[0]
     w = _weights(list(per_client.index), weights)
     return {
         **stats,
         "throughput_tokens_per_s": token_throughput(requests),
+        "service_until": until,
         "service_per_client": {str(k): float(v) for k, v in per_client.items()},
         "jain_index": jain_index(per_client.to_numpy() / w),
         "rejected": int((requests["status"] == "rejected").sum()),

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from simulator import metrics
+from simulator.fairness import fairness_summary, tick_span
 from simulator.timeline import STATUSES, Timeline
 
 FILES = ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json")
@@ -62,6 +63,9 @@ def summarize(
             "kv_utilisation": metrics.kv_utilisation(steps, timeline.pool_tokens),
             "pool_tokens": timeline.pool_tokens,
             "latency": metrics.latency_summary(requests, tokens),
+            "fairness": fairness_summary(
+                requests, tokens, total=tick_span(timeline.info.get("end_time"))
+            ),
         }
     )
 

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from conftest import ROOT
+from conftest import ROOT, shared_file
 from simulator.run import run_config
 
 GROUPS = ("engine", "cost_model", "policy", "workload", "experiment")
@@ -31,6 +31,8 @@ def test_every_config_composes_and_instantiates(group, name, tmp_path):
         cfg = compose(config_name="config", overrides=overrides)
     for g in ("engine", "cost_model", "policy"):
         assert instantiate(cfg[g], _convert_="all") is not None
+    if name == "vtc_real":
+        shared_file("vtc/real_trace.csv")  # skips with a message when ../shared is absent
     trace = instantiate(cfg.workload, _convert_="all").build(0)
     assert len(trace) > 0
 
@@ -40,7 +42,11 @@ def test_default_run_through_the_python_api(tmp_path):
         cfg = compose(config_name="config", overrides=["workload.duration=20"])
     timeline, out = run_config(cfg, tmp_path)
     assert out.summary["requests"] == 30 + 60
-    assert (tmp_path / "summary.json").exists()
+    assert cfg.policy._target_ == "policies.VTC"  # VTC is the default policy
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["comparison"]["policy"] == "fcfs"  # ... shown beside FCFS on the same trace
+    assert saved["fairness"]["avg_diff"] < saved["comparison"]["avg_diff"]
+    assert (tmp_path / "counters.parquet").exists() and out.counters is not None
 
 
 def fairsim(*args, cwd):
@@ -60,6 +66,7 @@ def test_cli_runs_and_prints_a_per_client_table(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "client0" in res.stdout and "client1" in res.stdout and "TTFT" in res.stdout
     assert "tokens/s" in res.stdout
+    assert "Max Diff" in res.stdout and "VTC" in res.stdout and "FCFS" in res.stdout
     summary = json.loads(Path(tmp_path / "run" / "summary.json").read_text())
     assert summary["status_counts"]["completed"] == 45 + 90
 

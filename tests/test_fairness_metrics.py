@@ -128,7 +128,8 @@ def test_response_times_and_rejections():
         {"client": "B", "status": "rejected", "reason": "rpm_limit", "requests": 1}
     ]
     summary = fairness_summary(req)
-    assert summary["rejected"] == 1 and summary["service_per_client"] == {"A": 10.0, "B": 5.0}
+    assert summary["rejected"] == 1 and summary["service_until"] == 1.0  # the last arrival
+    assert summary["service_per_client"] == {"A": 0.0, "B": 0.0}  # nothing served by t = 1
 
 
 def test_bad_form_or_demand_is_a_clear_error():
