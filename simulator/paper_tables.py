@@ -10,7 +10,6 @@ artifact's VTC queues implement and all of the paper's measured runs used.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 
 from hydra import compose, initialize_config_module
@@ -165,4 +164,3 @@ def main(argv: list[str] | None = None) -> None:
         line += _cell(m["throughput_tokens_per_s"], row.throughput, 0)  # type: ignore[arg-type]
         line += f"{m['rejected']:>9} {'' if row.rejected is None else row.rejected:>6}"
         print(line, flush=True)
-    sys.stdout.flush()
