@@ -20,6 +20,7 @@ bit-identical to stepping one by one (`fast_forward=False`).
 
 from __future__ import annotations
 
+import heapq
 import time as wallclock
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import simpy
 
 from cost_models.base import StepCostModel
 from policies.base import Policy
-from simulator.fit import RunningFit
+from simulator.fit import BatchFit, RunningFit
 from simulator.queue import WaitingQueue
 from simulator.timeline import (
     COMPLETED,
@@ -92,7 +93,10 @@ class SLoRAEngine:
         self.prompt = trace.prompt_len
         self.output = trace.output_len
         self.client = trace.client
-        self._arrival = trace.arrival.tolist()  # Python floats: fast scalar access in the loop
+        # Python scalars: fast access in the loop
+        self._arrival = trace.arrival.tolist()
+        self._prompt, self._output = trace.prompt_len.tolist(), trace.output_len.tolist()
+        self._client_of = trace.client.tolist()
         self.queue = WaitingQueue(trace.client.tolist())
         self.status = np.full(n, IN_FLIGHT, dtype=np.int8)
         self.reason = np.full(n, "not_arrived", dtype=object)
@@ -104,8 +108,8 @@ class SLoRAEngine:
         self.steps = StepLog()
         self.running = np.empty(0, dtype=np.int64)  # trace rows, in admission order
         self._run_cols: dict[str, np.ndarray] = {}  # per-running-request columns, same order
-        self._next_finish = -1  # decode count of the next finish among running requests
-        self._fit: RunningFit | None = None  # fit-test state, built lazily per running set
+        self._finishes: list[int] = []  # heap: decode counts at which running requests finish
+        self._fit: RunningFit | None = None  # fit-test state; finishes keep it valid
         self.running_clients: dict[int, int] = {}
         self.now = 0.0
         self.decodes = 0  # decode steps so far
@@ -208,34 +212,40 @@ class SLoRAEngine:
         """Ask the policy for requests until one does not fit (then stop: no look-ahead)."""
         batch: list[int] = []
         tokens = 0
-        while len(self.queue):
-            req = self.policy.pick(self.queue, self.now)
-            if req is None:
-                break
-            if tokens + self.prompt[req] > self.cfg.batch_max_tokens or not self._fits(req, batch):
-                self.policy.on_blocked(req, self.now, self.queue)
-                break
-            self.queue.remove(req)
-            batch.append(req)
-            tokens += int(self.prompt[req])
-            self.policy.on_admit(req, self.now)
-        return batch
-
-    def _fits(self, req: int, pending: list[int]) -> bool:
-        """S-LoRA's test: peak future KV need < pool - reserve, and the running cap holds."""
-        cfg = self.cfg
-        newcomers = np.asarray([*pending, req], dtype=np.int64)
-        if self.running.shape[0] + newcomers.shape[0] > cfg.running_max_req_size:
-            return False
         if self._fit is None:
             rows = self.running
             self._fit = RunningFit(
                 self.prompt[rows], self.first_decode[rows], self.finish_decode[rows]
             )
-        need = self._fit.need_with(self.decodes, self.prompt[newcomers], self.output[newcomers])
-        clients = set(self.running_clients) | set(self.client[newcomers].tolist())
-        reserve = cfg.reserve_per_client * len(clients)
-        return need < cfg.pool_tokens - reserve
+        fit = self._fit.batch(self.decodes)  # counts in each admitted member
+        clients = set(self.running_clients)
+        while len(self.queue):
+            req = self.policy.pick(self.queue, self.now)
+            if req is None:
+                break
+            p, o, c = self._prompt[req], self._output[req], self._client_of[req]
+            if not self._fits(fit, clients, p, o, c, tokens, len(batch)):
+                self.policy.on_blocked(req, self.now, self.queue)
+                break
+            self.queue.remove(req)
+            batch.append(req)
+            tokens += p
+            clients.add(c)
+            fit.add(p, o)
+            self.policy.on_admit(req, self.now)
+        return batch
+
+    def _fits(
+        self, fit: BatchFit, clients: set[int], p: int, o: int, c: int, tokens: int, pending: int
+    ) -> bool:
+        """S-LoRA's test: peak future KV need < pool - reserve; prefill budget and cap hold."""
+        cfg = self.cfg
+        if tokens + p > cfg.batch_max_tokens:
+            return False
+        if self.running.shape[0] + pending + 1 > cfg.running_max_req_size:
+            return False
+        reserve = cfg.reserve_per_client * (len(clients) + (c not in clients))
+        return fit.need(p, o) < cfg.pool_tokens - reserve
 
     # ---- steps --------------------------------------------------------------------------
     def _prefill(
@@ -249,7 +259,10 @@ class SLoRAEngine:
         self.first_token_at[idx] = end
         self.first_decode[idx] = self.decodes
         self.finish_decode[idx] = self.decodes + self.output[idx] - 1
+        for f in self.finish_decode[idx].tolist():
+            heapq.heappush(self._finishes, f)
         self._set_running(np.concatenate([self.running, idx]))
+        self._fit = None  # requests joined: rebuilt when the next fit test needs it
         for c in self.client[idx].tolist():
             self.running_clients[c] = self.running_clients.get(c, 0) + 1
         self.kv_used += int(self.prompt[idx].sum())  # the first output token has no KV yet
@@ -264,7 +277,7 @@ class SLoRAEngine:
     def _plan_run(self) -> int:
         """Upper bound on decode steps before anything could change the schedule."""
         cfg = self.cfg
-        until_finish = self._next_finish - self.decodes
+        until_finish = self._finishes[0] - self.decodes
         if not cfg.fast_forward:
             return 1
         if self.running.shape[0] >= cfg.running_max_req_size:
@@ -274,32 +287,42 @@ class SLoRAEngine:
             return min(until_finish, max(wait_left, 1), MAX_RUN_STEPS)
         return min(until_finish, MAX_RUN_STEPS)
 
-    def _decode_run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+    def _step_ends(self, n: int, k: int) -> np.ndarray:
+        """End times of the next decode steps of `n` requests: at most `k`, cut at the next
+        arrival that could be admitted and at the horizon."""
         cfg = self.cfg
-        n = self.running.shape[0]
-        k = self._plan_run()
+        if k == 1:  # the common case, kept free of array arithmetic
+            step = self.cost.decode_times(n, np.array([self.kv_used + n]))
+            return np.array([self.now + float(step[0])])
         context = self.kv_used + n * np.arange(1, k + 1, dtype=np.int64)  # KV read in each step
         ends = np.cumsum(np.concatenate(([self.now], self.cost.decode_times(n, context))))[1:]
-        arrival, n_rows = self._arrival, len(self._arrival)
         room = n < cfg.running_max_req_size
-        if k > 1 and room and not len(self.queue) and self.next_row < n_rows:
+        if room and not len(self.queue) and self.next_row < len(self._arrival):
             # stop at the step whose end sees the next arrival, unless still inside the wait
-            seen = int(np.searchsorted(ends, arrival[self.next_row], side="left")) + 1
+            seen = int(np.searchsorted(ends, self._arrival[self.next_row], side="left")) + 1
             k = min(k, max(cfg.max_wait_tokens - self.wait_steps, seen))
         if cfg.horizon is not None:  # no step starts at or after the horizon (now < horizon)
             k = min(k, 1 + int(np.searchsorted(ends[: k - 1], cfg.horizon, side="left")))
-        ends = ends[:k]
+        return ends[:k]
+
+    def _decode_run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        cfg = self.cfg
+        n = self.running.shape[0]
+        ends = self._step_ends(n, self._plan_run())
+        k = ends.shape[0]
         last = float(ends[-1])
         yield env.timeout(max(0.0, last - env.now))
 
         clients = self._run_cols["client"]
         done = 0
         limit = last if cfg.horizon is None else min(last, cfg.horizon)
+        arrival, n_rows = self._arrival, len(self._arrival)
         while self.next_row < n_rows and arrival[self.next_row] <= limit:
-            j = int(np.searchsorted(ends, arrival[self.next_row], side="left"))
-            if j > done:
-                self.policy.on_decode(self.running, clients, ends[done:j])
-                done = j
+            if k > 1:  # steps ending before this arrival take effect first
+                j = int(np.searchsorted(ends, arrival[self.next_row], side="left"))
+                if j > done:
+                    self.policy.on_decode(self.running, clients, ends[done:j])
+                    done = j
             self._arrive(self.next_row)
             self.next_row += 1
         self.policy.on_decode(self.running, clients, ends[done:])
@@ -314,30 +337,32 @@ class SLoRAEngine:
 
     def _finish_due(self) -> None:
         """Release every running request that has produced its last token."""
-        if self.decodes != self._next_finish:
+        finishes = self._finishes
+        if not finishes or finishes[0] != self.decodes:
             return
+        while finishes and finishes[0] == self.decodes:
+            heapq.heappop(finishes)
         due = self._run_cols["finish_decode"] == self.decodes
         done = self.running[due]
         self.finished_at[done] = self.now
         self.status[done] = COMPLETED
         self.reason[done] = None
-        self.finished += done.shape[0]
-        self.kv_used -= int((self.prompt[done] + self.output[done] - 1).sum())
-        for c in self.client[done].tolist():
+        rows = done.tolist()
+        self.finished += len(rows)
+        for req in rows:
+            self.kv_used -= self._prompt[req] + self._output[req] - 1
+            c = self._client_of[req]
             self.running_clients[c] -= 1
             if not self.running_clients[c]:
                 del self.running_clients[c]
         self._set_running(self.running[~due])
-        for req in done.tolist():
+        for req in rows:
             self.policy.on_finish(req, self.now)
 
     def _set_running(self, rows: np.ndarray) -> None:
         """Replace the running set, caching its per-request columns for the hot path."""
         self.running = rows
-        finish = self.finish_decode[rows]
-        self._run_cols = {"client": self.client[rows], "finish_decode": finish}
-        self._next_finish = int(finish.min()) if rows.shape[0] else -1
-        self._fit = None  # rebuilt when the next fit test needs it
+        self._run_cols = {"client": self.client[rows], "finish_decode": self.finish_decode[rows]}
 
     def _check_pool(self) -> None:
         if self.kv_used > self.cfg.pool_tokens:

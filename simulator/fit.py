@@ -1,21 +1,30 @@
-"""S-LoRA's admission fit test, with a fast path for the common single-candidate case.
+"""S-LoRA's admission fit test, in a closed form that costs O(log n) per candidate.
 
 The test: for each running request take (current, remaining) = (prompt + generated,
 output - generated - 1), add each newcomer as (prompt + 1, output - 1), sort by remaining
 descending (stable: running first, newcomers in order), and need = max_i(remaining_i * i +
 sum_{k<=i} current_k); admit iff need < pool - reserve.
 
-Fast path: write a running request's terms with its finish step fd (the decode count at which it
-emits its last token): remaining = fd - D - 1 and current = (prompt - first_decode) + D + 1, with
-D the decode steps so far. Then term_i = S_i + i * fd_i with S_i = sum_{k<=i}(prompt_k -
-first_decode_k): independent of D. Sorting by fd once per change of the running set, one
-newcomer (a = prompt - D, fd = D + output) inserted at position q gives
+Closed form: write a running request's terms with its finish step fd (the decode count at which
+it emits its last token): remaining = fd - D - 1 and current = (prompt - first_decode) + D + 1,
+with D the decode steps so far. Then term_i = S_i + i * fd_i with S_i = sum_{k<=i}(prompt_k -
+first_decode_k): independent of D. A newcomer is the same with a = prompt - D and fd = D + output.
+Keeping the requests sorted by fd, one newcomer inserted at position q gives
 need = max(max_{i<q} term_i, S_q + a + (q+1) fd, max_{i>=q}(term_i + fd_i) + a).
+
+Several newcomers, sorted the same way (m = 1..k, at positions q_1 <= ... <= q_k, with A_m the
+sum of the first m a's): a running request with m newcomers ahead scores term_i + A_m + m fd_i,
+and newcomer m scores S_{q_m} + A_m + (q_m + m) fd_m. Each extra newcomer ahead only raises a
+running request's score (it adds p + fd_i - D > 0), so the range maximum over the requests between
+newcomers m and m+1 can be taken over the whole suffix from q_m:
+need = max(max_{i<q_1} term_i, max_m newcomer_m, max_m (A_m + max_{i>=q_m}(term_i + m fd_i))).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+_NONE = -(2**62)  # "no such request": below any term
 
 
 def peak_kv_need(current: np.ndarray, remaining: np.ndarray) -> int:
@@ -31,32 +40,104 @@ def peak_kv_need(current: np.ndarray, remaining: np.ndarray) -> int:
 
 
 class RunningFit:
-    """Fit-test state for one running set (rebuild it whenever the running set changes)."""
+    """Fit-test state for a set of running requests.
+
+    It stays valid while requests only finish: the finished ones are those with fd <= D, the
+    tail of the fd order, so the live requests are a prefix. Rebuild it when requests join.
+    """
 
     def __init__(self, prompt: np.ndarray, first_decode: np.ndarray, finish: np.ndarray) -> None:
-        self.prompt, self.first_decode, self.finish = prompt, first_decode, finish
         order = np.argsort(-finish, kind="stable")
-        fd = finish[order]
-        s = np.cumsum(prompt[order] - first_decode[order])
-        i = np.arange(1, fd.shape[0] + 1)
-        term = s + i * fd
-        self._neg_fd = -fd  # ascending, for searchsorted
-        self._s = np.concatenate(([0], s)).tolist()
-        none = -(2**62)  # "no such request": below any term
-        self._prefix_max = [none, *np.maximum.accumulate(term).tolist()]
-        tail = (term + fd)[::-1]
-        self._suffix_max = [*np.maximum.accumulate(tail)[::-1].tolist(), none]
+        self._offset = prompt[order] - first_decode[order]  # prompt - first_decode
+        self._fd = finish[order]
+        s = np.cumsum(self._offset)
+        self._term = s + np.arange(1, self._fd.shape[0] + 1) * self._fd
+        self._neg_fd = -self._fd  # ascending, for searchsorted
+        self._s = [0, *s.tolist()]
+        self._prefix_max = [_NONE, *np.maximum.accumulate(self._term).tolist()]
+        self._suffix_live = -1  # live count the cached suffix tables belong to
+        self._suffix_tables: list[list[int]] = []
+
+    def live(self, decodes: int) -> int:
+        """How many requests are still running after `decodes` decode steps (fd > decodes)."""
+        return int(self._neg_fd.searchsorted(-decodes, side="left"))
+
+    def position(self, fd: int) -> int:
+        """Where a newcomer with this fd sorts: after every request with fd >= its own.
+
+        A newcomer's fd exceeds every finished request's, so this stays inside the live prefix.
+        """
+        return int(self._neg_fd.searchsorted(-fd, side="right"))
+
+    def suffix_tables(self, live: int) -> list[list[int]]:
+        """Tables m = 0, 1, ...: [max_{q<=i<live}(term_i + m fd_i) for q in 0..live] (the last
+        entry: none); filled on demand by `suffix_table`, shared by batches at the same `live`."""
+        if live != self._suffix_live:
+            self._suffix_tables, self._suffix_live = [], live
+        return self._suffix_tables
+
+    def suffix_table(self, live: int, m: int) -> list[int]:
+        tables = self.suffix_tables(live)
+        while len(tables) <= m:
+            j = len(tables)
+            tail = (self._term[:live] + j * self._fd[:live])[::-1]
+            tables.append([*np.maximum.accumulate(tail)[::-1].tolist(), _NONE])
+        return tables[m]
+
+    def batch(self, decodes: int) -> BatchFit:
+        return BatchFit(self, decodes)
 
     def need_with(self, decodes: int, prompts: np.ndarray, outputs: np.ndarray) -> int:
-        """Peak need if newcomers with these prompt and output lengths join now."""
-        if prompts.shape[0] == 1:
-            p, o = int(prompts[0]), int(outputs[0])
-            fd = decodes + o
-            # running requests with fd >= the newcomer's stay ahead of it (stable order)
-            q = int(np.searchsorted(self._neg_fd, -fd, side="right"))
-            a = p - decodes
-            return max(self._prefix_max[q], self._s[q] + a + (q + 1) * fd, self._suffix_max[q] + a)
-        gen = decodes - self.first_decode + 1
-        current = np.concatenate([self.prompt + gen, prompts + 1])
-        remaining = np.concatenate([self.finish - decodes - 1, outputs - 1])
+        """Peak need if newcomers with these prompt and output lengths join now, in order."""
+        batch = self.batch(decodes)
+        for p, o in zip(prompts[:-1].tolist(), outputs[:-1].tolist(), strict=True):
+            batch.add(p, o)
+        return batch.need(int(prompts[-1]), int(outputs[-1]))
+
+    def direct_need(self, decodes: int, prompts: np.ndarray, outputs: np.ndarray) -> int:
+        """The same need by the direct formula (for very large mini-batches)."""
+        live = self.live(decodes)
+        current = np.concatenate([self._offset[:live] + decodes + 1, prompts + 1])
+        remaining = np.concatenate([self._fd[:live] - decodes - 1, outputs - 1])
         return peak_kv_need(current, remaining)
+
+
+class BatchFit:
+    """The fit test for the members of one mini-batch being formed at decode count D."""
+
+    MAX_CLOSED_FORM = 32  # the closed form costs O(k^2) per batch; beyond, use the direct one
+
+    def __init__(self, fit: RunningFit, decodes: int) -> None:
+        self.fit, self.decodes = fit, decodes
+        self.live = fit.live(decodes)
+        self.members: list[tuple[int, int, int, int]] = []  # (-fd, seq, position, a), sorted
+        self.lengths: list[tuple[int, int]] = []  # (prompt, output) in admission order
+
+    def _member(self, prompt: int, output: int) -> tuple[int, int, int, int]:
+        fd = self.decodes + output
+        seq = len(self.lengths)
+        return (-fd, seq, self.fit.position(fd), prompt - self.decodes)
+
+    def add(self, prompt: int, output: int) -> None:
+        """Count in an admitted member."""
+        self.members.append(self._member(prompt, output))
+        self.members.sort()
+        self.lengths.append((prompt, output))
+
+    def need(self, prompt: int, output: int) -> int:
+        """Peak need if this candidate joins the members admitted so far."""
+        fit = self.fit
+        if len(self.members) >= self.MAX_CLOSED_FORM:
+            p, o = zip(*self.lengths, (prompt, output), strict=True)
+            return fit.direct_need(self.decodes, np.array(p), np.array(o))
+        members = sorted([*self.members, self._member(prompt, output)])
+        tables = fit.suffix_tables(self.live)
+        if len(tables) <= len(members):
+            fit.suffix_table(self.live, len(members))
+        s = fit._s
+        need = fit._prefix_max[members[0][2]]
+        a_sum = 0
+        for m, (neg_fd, _, q, a) in enumerate(members, start=1):
+            a_sum += a
+            need = max(need, s[q] + a_sum + (q + m) * -neg_fd, tables[m][q] + a_sum)
+        return need

@@ -91,30 +91,40 @@ class Timeline:
     info: dict[str, object] = field(default_factory=dict)
     counters: pd.DataFrame | None = None  # the policy's counter events (policies/counters.py)
 
+    TOKEN_BLOCK = 1 << 20  # tokens per block when expanding the per-token timeline
+
     def token_times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, index, time) of every emitted output token, grouped by row, index 0 first.
 
-        Rows and indices are int32 to keep tens of millions of tokens compact.
+        Rows and indices are int32 to keep tens of millions of tokens compact; the arrays are
+        filled a block of rows at a time so that no full-length temporaries are needed.
         """
         g = self.generated
+        total = int(g.sum())
         rows = np.repeat(np.arange(g.shape[0], dtype=np.int32), g)
-        if rows.size == 0:
-            return rows, rows.copy(), np.empty(0)
-        starts = np.cumsum(g) - g
-        index = np.arange(rows.shape[0], dtype=np.int64)
-        index -= np.repeat(starts, g)
+        index = np.empty(total, dtype=np.int32)
+        time = np.empty(total)
+        if total == 0:
+            return rows, index, time
         decode_ends = self.steps["end"][self.steps["kind"] == DECODE]
+        starts = np.cumsum(g) - g
         # token i >= 1 of a row is decode step first_decode + i - 1; token 0 is its prefill
-        position = index + np.repeat(self.first_decode - 1, g)
-        time = (
-            decode_ends.take(np.maximum(position, 0), mode="clip")
-            if decode_ends.size
-            else (np.empty(rows.shape[0]))
-        )
-        del position
-        first = starts[g > 0]
-        time[first] = self.first_token_at[g > 0]
-        return rows, index.astype(np.int32), time
+        step_of_first = self.first_decode - 1
+        bounds = np.searchsorted(starts, np.arange(0, total, self.TOKEN_BLOCK))
+        for lo, hi in zip(bounds.tolist(), [*bounds[1:].tolist(), g.shape[0]], strict=True):
+            if lo == hi:
+                continue
+            gs = g[lo:hi]
+            a, b = int(starts[lo]), int(starts[hi - 1] + gs[-1])
+            within = np.arange(b - a, dtype=np.int64) - np.repeat(starts[lo:hi] - a, gs)
+            index[a:b] = within
+            if decode_ends.size:
+                within += np.repeat(step_of_first[lo:hi], gs)
+                np.maximum(within, 0, out=within)
+                decode_ends.take(within, out=time[a:b], mode="clip")
+        has = g > 0
+        time[starts[has]] = self.first_token_at[has]
+        return rows, index, time
 
     def requests_frame(self) -> pd.DataFrame:
         t = self.trace

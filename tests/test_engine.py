@@ -1,3 +1,5 @@
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -7,7 +9,7 @@ from conftest import a10g_cost, random_trace
 from cost_models import ConstantStepCost
 from policies import FCFS
 from simulator.engine import SLoRAConfig
-from simulator.fit import RunningFit, peak_kv_need
+from simulator.fit import BatchFit, RunningFit, peak_kv_need
 from simulator.run import simulate
 from simulator.timeline import COMPLETED, IN_FLIGHT, PREFILL, REFUSED, STATUSES
 from traces import Trace
@@ -184,16 +186,18 @@ def test_horizon_leaves_requests_in_flight_with_where_they_were():
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 500), st.integers(0, 50), st.integers(1, 400)), max_size=30),
-    st.lists(st.tuples(st.integers(1, 500), st.integers(1, 400)), min_size=1, max_size=3),
+    st.lists(st.tuples(st.integers(1, 500), st.integers(1, 400)), min_size=1, max_size=8),
     st.integers(0, 60),
+    st.sampled_from([BatchFit.MAX_CLOSED_FORM, 2]),
 )
-def test_fast_fit_equals_the_direct_formula(running, newcomers, extra):
-    """RunningFit's closed form equals S-LoRA's sort-and-scan for any state."""
+def test_fast_fit_equals_the_direct_formula(running, newcomers, extra, closed_form_limit):
+    """RunningFit's closed form (and its large-batch fallback) equals S-LoRA's sort-and-scan."""
     prompt = np.array([r[0] for r in running], dtype=np.int64)
     first = np.array([r[1] for r in running], dtype=np.int64)
     output = np.array([r[2] for r in running], dtype=np.int64)
     finish = first + output - 1
     decodes = int(first.max(initial=0)) + extra  # every request already admitted
+    fit = RunningFit(prompt, first, finish)  # built before some finished: must stay valid
     alive = finish > decodes
     prompt, first, finish = prompt[alive], first[alive], finish[alive]
     p = np.array([c[0] for c in newcomers], dtype=np.int64)
@@ -202,4 +206,5 @@ def test_fast_fit_equals_the_direct_formula(running, newcomers, extra):
     direct = peak_kv_need(
         np.concatenate([prompt + gen, p + 1]), np.concatenate([finish - decodes - 1, o - 1])
     )
-    assert RunningFit(prompt, first, finish).need_with(decodes, p, o) == direct
+    with patch.object(BatchFit, "MAX_CLOSED_FORM", closed_form_limit):
+        assert fit.need_with(decodes, p, o) == direct
