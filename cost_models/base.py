@@ -20,3 +20,8 @@ class StepCostModel(Protocol):
         element-wise: the same step gets the same time however many steps are asked for at once.
         """
         ...
+
+    def decode_time(self, batch_size: int, context_tokens: int) -> float:
+        """Seconds of one decode step: exactly `decode_times(batch_size, [context_tokens])[0]`
+        (the engine's hot path when it steps one at a time)."""
+        ...

@@ -53,6 +53,10 @@ class LinearStepCost:
         fixed = self.step_overhead + self.decode_base + self.decode_per_seq * batch_size
         return fixed + self.decode_per_context_token * ctx
 
+    def decode_time(self, batch_size: int, context_tokens: int) -> float:
+        fixed = self.step_overhead + self.decode_base + self.decode_per_seq * batch_size
+        return fixed + self.decode_per_context_token * float(context_tokens)  # same operations
+
 
 @dataclass(frozen=True)
 class ConstantStepCost:
@@ -70,3 +74,6 @@ class ConstantStepCost:
 
     def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
         return np.full(np.asarray(context_tokens).shape[0], float(self.decode))
+
+    def decode_time(self, batch_size: int, context_tokens: int) -> float:
+        return float(self.decode)

@@ -64,6 +64,9 @@ class TableStepCost:
         inside = self._inside(np.full(ctx.shape, float(batch_size)), ctx)
         return np.where(np.isnan(inside), plane, inside)
 
+    def decode_time(self, batch_size: int, context_tokens: int) -> float:
+        return float(self.decode_times(batch_size, np.array([context_tokens]))[0])
+
 
 def read_profile(path: str | Path) -> pd.DataFrame:
     try:

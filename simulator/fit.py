@@ -18,6 +18,9 @@ and newcomer m scores S_{q_m} + A_m + (q_m + m) fd_m. Each extra newcomer ahead 
 running request's score (it adds p + fd_i - D > 0), so the range maximum over the requests between
 newcomers m and m+1 can be taken over the whole suffix from q_m:
 need = max(max_{i<q_1} term_i, max_m newcomer_m, max_m (A_m + max_{i>=q_m}(term_i + m fd_i))).
+The suffix maxima are tabulated per m, on demand; for m >= 2, fd descending gives the bound
+max_{i>=q}(term_i + m fd_i) <= table_1[q] + (m - 1) fd_q, and table m is only consulted where that
+bound exceeds the need found so far.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 _NONE = -(2**62)  # "no such request": below any term
+_NEVER = 2**62  # above any need
 
 
 def peak_kv_need(current: np.ndarray, remaining: np.ndarray) -> int:
@@ -54,9 +58,10 @@ class RunningFit:
         self._term = s + np.arange(1, self._fd.shape[0] + 1) * self._fd
         self._neg_fd = -self._fd  # ascending, for searchsorted
         self._s = [0, *s.tolist()]
+        self._fd_list = self._fd.tolist()
         self._prefix_max = [_NONE, *np.maximum.accumulate(self._term).tolist()]
-        self._suffix_live = -1  # live count the cached suffix tables belong to
-        self._suffix_tables: list[list[int]] = []
+        self._tables_live = -1  # live count the cached suffix tables belong to
+        self._tables: dict[int, np.ndarray] = {}
 
     def live(self, decodes: int) -> int:
         """How many requests are still running after `decodes` decode steps (fd > decodes)."""
@@ -69,30 +74,27 @@ class RunningFit:
         """
         return int(self._neg_fd.searchsorted(-fd, side="right"))
 
-    def suffix_tables(self, live: int) -> list[list[int]]:
-        """Tables m = 0, 1, ...: [max_{q<=i<live}(term_i + m fd_i) for q in 0..live] (the last
-        entry: none); filled on demand by `suffix_table`, shared by batches at the same `live`."""
-        if live != self._suffix_live:
-            self._suffix_tables, self._suffix_live = [], live
-        return self._suffix_tables
-
-    def suffix_table(self, live: int, m: int) -> list[int]:
-        tables = self.suffix_tables(live)
-        while len(tables) <= m:
-            j = len(tables)
-            tail = (self._term[:live] + j * self._fd[:live])[::-1]
-            tables.append([*np.maximum.accumulate(tail)[::-1].tolist(), _NONE])
-        return tables[m]
+    def suffix_table(self, live: int, m: int) -> np.ndarray:
+        """[max_{q<=i<live}(term_i + m fd_i) for q in 0..live-1], cached while `live` holds."""
+        if live != self._tables_live:
+            self._tables, self._tables_live = {}, live
+        table = self._tables.get(m)
+        if table is None:
+            tail = (self._term[:live] + m * self._fd[:live])[::-1]
+            table = self._tables[m] = np.maximum.accumulate(tail)[::-1]
+        return table
 
     def batch(self, decodes: int) -> BatchFit:
         return BatchFit(self, decodes)
 
-    def need_with(self, decodes: int, prompts: np.ndarray, outputs: np.ndarray) -> int:
+    def need_with(
+        self, decodes: int, prompts: np.ndarray, outputs: np.ndarray, enough: int | None = None
+    ) -> int:
         """Peak need if newcomers with these prompt and output lengths join now, in order."""
         batch = self.batch(decodes)
         for p, o in zip(prompts[:-1].tolist(), outputs[:-1].tolist(), strict=True):
             batch.add(p, o)
-        return batch.need(int(prompts[-1]), int(outputs[-1]))
+        return batch.need(int(prompts[-1]), int(outputs[-1]), enough)
 
     def direct_need(self, decodes: int, prompts: np.ndarray, outputs: np.ndarray) -> int:
         """The same need by the direct formula (for very large mini-batches)."""
@@ -110,8 +112,10 @@ class BatchFit:
     def __init__(self, fit: RunningFit, decodes: int) -> None:
         self.fit, self.decodes = fit, decodes
         self.live = fit.live(decodes)
+        self._first = fit.suffix_table(self.live, 1).tolist()
         self.members: list[tuple[int, int, int, int]] = []  # (-fd, seq, position, a), sorted
         self.lengths: list[tuple[int, int]] = []  # (prompt, output) in admission order
+        self._tested: tuple[tuple[int, int], tuple[int, int, int, int]] = ((-1, -1), (0, 0, 0, 0))
 
     def _member(self, prompt: int, output: int) -> tuple[int, int, int, int]:
         fd = self.decodes + output
@@ -119,25 +123,45 @@ class BatchFit:
         return (-fd, seq, self.fit.position(fd), prompt - self.decodes)
 
     def add(self, prompt: int, output: int) -> None:
-        """Count in an admitted member."""
-        self.members.append(self._member(prompt, output))
+        """Count in an admitted member (usually the candidate just tested)."""
+        tested = self._tested
+        fresh = tested[0] == (prompt, output) and tested[1][1] == len(self.lengths)
+        member = tested[1] if fresh else self._member(prompt, output)
+        self.members.append(member)
         self.members.sort()
         self.lengths.append((prompt, output))
 
-    def need(self, prompt: int, output: int) -> int:
-        """Peak need if this candidate joins the members admitted so far."""
-        fit = self.fit
+    def need(self, prompt: int, output: int, enough: int | None = None) -> int:
+        """Peak need if this candidate joins the members admitted so far.
+
+        With `enough`, it may stop early and return any value >= `enough` once the need is
+        known to reach it (the engine only compares the need with the pool).
+        """
+        fit, live = self.fit, self.live
         if len(self.members) >= self.MAX_CLOSED_FORM:
             p, o = zip(*self.lengths, (prompt, output), strict=True)
             return fit.direct_need(self.decodes, np.array(p), np.array(o))
-        members = sorted([*self.members, self._member(prompt, output)])
-        tables = fit.suffix_tables(self.live)
-        if len(tables) <= len(members):
-            fit.suffix_table(self.live, len(members))
-        s = fit._s
+        candidate = self._member(prompt, output)
+        self._tested = ((prompt, output), candidate)
+        members = sorted([*self.members, candidate])
+        stop = _NEVER if enough is None else enough
+        s, fd, first = fit._s, fit._fd_list, self._first
         need = fit._prefix_max[members[0][2]]
+        later = []  # (bound, m, q, A_m) for m >= 2, checked once the cheap terms are known
         a_sum = 0
         for m, (neg_fd, _, q, a) in enumerate(members, start=1):
             a_sum += a
-            need = max(need, s[q] + a_sum + (q + m) * -neg_fd, tables[m][q] + a_sum)
+            need = max(need, s[q] + a_sum + (q + m) * -neg_fd)
+            if q < live:  # running requests behind this newcomer
+                if m == 1:
+                    need = max(need, first[q] + a_sum)
+                else:
+                    later.append((first[q] + a_sum + (m - 1) * fd[q], m, q, a_sum))
+            if need >= stop:
+                return need
+        for bound, m, q, a_sum in reversed(later):  # the largest m usually decides
+            if bound > need:
+                need = max(need, int(fit.suffix_table(live, m)[q]) + a_sum)
+                if need >= stop:
+                    return need
         return need

@@ -4,7 +4,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, a10g_cost, shared_file
-from cost_models import LinearStepCost, ProfileError, TableStepCost
+from cost_models import ConstantStepCost, LinearStepCost, ProfileError, TableStepCost
 from cost_models.profiles import fit_vtc_profile, vtc_profile_table
 
 
@@ -39,6 +39,8 @@ def test_linear_model_is_elementwise_and_validates():
     many = cost.decode_times(20, ctx)
     one_by_one = [cost.decode_times(20, ctx[i : i + 1])[0] for i in range(3)]
     assert many.tolist() == one_by_one
+    assert [cost.decode_time(20, int(c)) for c in ctx] == one_by_one  # the one-step path
+    assert ConstantStepCost(0.1, 0.02).decode_time(5, 100) == 0.02
     with pytest.raises(ValueError, match="decode_base"):
         LinearStepCost(
             decode_base=-1, decode_per_seq=0, decode_per_context_token=0, prefill_per_token=1e-4
@@ -68,6 +70,7 @@ def test_table_model_interpolates_and_extrapolates(tmp_path):
     np.testing.assert_allclose(inside, 0.01 + 0.02 + 1e-6 * np.array([8000, 12000]))
     outside = m.decode_times(200, np.array([50000.0]))  # beyond the grid: the fitted plane
     assert outside[0] == pytest.approx(0.01 + 0.2 + 0.05)
+    assert [m.decode_time(20, 8000), m.decode_time(200, 50000)] == [inside[0], outside[0]]
 
 
 @pytest.mark.parametrize(

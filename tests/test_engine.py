@@ -208,3 +208,6 @@ def test_fast_fit_equals_the_direct_formula(running, newcomers, extra, closed_fo
     )
     with patch.object(BatchFit, "MAX_CLOSED_FORM", closed_form_limit):
         assert fit.need_with(decodes, p, o) == direct
+        # the engine's early stop decides `need < limit` exactly as the full need does
+        for limit in (direct - 1, direct, direct + 1):
+            assert (fit.need_with(decodes, p, o, enough=limit) < limit) == (direct < limit)
