@@ -46,6 +46,7 @@ from simulator.timeline import (
 from traces.schema import Trace
 
 MAX_RUN_STEPS = 4096  # cap on one fast-forward run, to bound temporary arrays
+MAX_RUN_SEGMENTS = 256  # segments per run, so progress reports keep coming
 SHORT_RUN_STEPS = 8  # runs up to this long are timed step by step, longer ones as arrays
 
 Progress = Callable[[float, int, int], None]  # (simulated time, finished requests, total)
@@ -323,13 +324,34 @@ class SLoRAEngine:
         return ends[:k]
 
     def _decode_run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        """Decode until the loop has something else to do, then let simulated time catch up.
+
+        Segments end at finishes (the batch changes) and at admissible arrivals; the loop's
+        other work (the scheduler, an idle engine, the horizon) is checked between segments.
+        With fast-forward off, every step is its own run.
+        """
+        for _ in range(MAX_RUN_SEGMENTS):
+            self._decode_segment()
+            if not (self.cfg.fast_forward and self._keeps_decoding()):
+                break
+        yield env.timeout(max(0.0, self.now - env.now))
+
+    def _keeps_decoding(self) -> bool:
+        """Whether the loop's next iteration would only decode again."""
+        cfg = self.cfg
+        if not self.running.shape[0]:
+            return False
+        if cfg.horizon is not None and self.now >= cfg.horizon:
+            return False
+        return not (self.wait_steps >= cfg.max_wait_tokens and len(self.queue))
+
+    def _decode_segment(self) -> None:
+        """Decode steps with a fixed batch; arrivals inside take effect between steps."""
         cfg = self.cfg
         n = self.running.shape[0]
         ends = self._step_ends(n, self._plan_run())
         k = ends.shape[0]
         last = float(ends[-1])
-        yield env.timeout(max(0.0, last - env.now))
-
         clients = self._run_cols["client"]
         done = 0
         limit = last if cfg.horizon is None else min(last, cfg.horizon)

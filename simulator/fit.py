@@ -147,21 +147,16 @@ class BatchFit:
         stop = _NEVER if enough is None else enough
         s, fd, first = fit._s, fit._fd_list, self._first
         need = fit._prefix_max[members[0][2]]
-        later = []  # (bound, m, q, A_m) for m >= 2, checked once the cheap terms are known
-        a_sum = 0
-        for m, (neg_fd, _, q, a) in enumerate(members, start=1):
-            a_sum += a
+        a_sum = sum(member[3] for member in members)  # A_m, walking m down from k
+        for m in range(len(members), 0, -1):  # the largest m usually decides: bounds prune the rest
+            neg_fd, _, q, a = members[m - 1]
             need = max(need, s[q] + a_sum + (q + m) * -neg_fd)
             if q < live:  # running requests behind this newcomer
                 if m == 1:
                     need = max(need, first[q] + a_sum)
-                else:
-                    later.append((first[q] + a_sum + (m - 1) * fd[q], m, q, a_sum))
+                elif first[q] + a_sum + (m - 1) * fd[q] > need:
+                    need = max(need, int(fit.suffix_table(live, m)[q]) + a_sum)
             if need >= stop:
                 return need
-        for bound, m, q, a_sum in reversed(later):  # the largest m usually decides
-            if bound > need:
-                need = max(need, int(fit.suffix_table(live, m)[q]) + a_sum)
-                if need >= stop:
-                    return need
+            a_sum -= a
         return need
