@@ -100,7 +100,7 @@ class SLoRAEngine:
         self._arrival = trace.arrival.tolist()
         self._prompt, self._output = trace.prompt_len.tolist(), trace.output_len.tolist()
         self._client_of = trace.client.tolist()
-        self.queue = WaitingQueue(trace.client.tolist())
+        self.queue = WaitingQueue(self._client_of)
         self.status = np.full(n, IN_FLIGHT, dtype=np.int8)
         self.reason = np.full(n, "not_arrived", dtype=object)
         self.admitted_at = np.full(n, np.nan)
@@ -308,8 +308,6 @@ class SLoRAEngine:
             for j in range(1, k + 1):  # the same additions, in the same order, as the cumsum
                 end += self.cost.decode_time(n, self.kv_used + n * j)
                 ends_list.append(end)
-            if k == 1:
-                return np.array(ends_list)
             ends = np.array(ends_list)
         else:
             context = self.kv_used + n * np.arange(1, k + 1, dtype=np.int64)  # KV read per step
@@ -357,11 +355,10 @@ class SLoRAEngine:
         limit = last if cfg.horizon is None else min(last, cfg.horizon)
         arrival, n_rows = self._arrival, len(self._arrival)
         while self.next_row < n_rows and arrival[self.next_row] <= limit:
-            if k > 1:  # steps ending before this arrival take effect first
-                j = int(np.searchsorted(ends, arrival[self.next_row], side="left"))
-                if j > done:
-                    self.policy.on_decode(self.running, clients, ends[done:j])
-                    done = j
+            j = int(np.searchsorted(ends, arrival[self.next_row], side="left"))
+            if j > done:  # steps ending before this arrival take effect first
+                self.policy.on_decode(self.running, clients, ends[done:j])
+                done = j
             self._arrive(self.next_row)
             self.next_row += 1
         self.policy.on_decode(self.running, clients, ends[done:])

@@ -1,4 +1,4 @@
-"""S-LoRA's admission fit test, in a closed form that costs O(log n) per candidate.
+"""S-LoRA's admission fit test, in a closed form that avoids re-sorting per candidate.
 
 The test: for each running request take (current, remaining) = (prompt + generated,
 output - generated - 1), add each newcomer as (prompt + 1, output - 1), sort by remaining
@@ -115,7 +115,6 @@ class BatchFit:
         self._first = fit.suffix_table(self.live, 1).tolist()
         self.members: list[tuple[int, int, int, int]] = []  # (-fd, seq, position, a), sorted
         self.lengths: list[tuple[int, int]] = []  # (prompt, output) in admission order
-        self._tested: tuple[tuple[int, int], tuple[int, int, int, int]] = ((-1, -1), (0, 0, 0, 0))
 
     def _member(self, prompt: int, output: int) -> tuple[int, int, int, int]:
         fd = self.decodes + output
@@ -123,11 +122,8 @@ class BatchFit:
         return (-fd, seq, self.fit.position(fd), prompt - self.decodes)
 
     def add(self, prompt: int, output: int) -> None:
-        """Count in an admitted member (usually the candidate just tested)."""
-        tested = self._tested
-        fresh = tested[0] == (prompt, output) and tested[1][1] == len(self.lengths)
-        member = tested[1] if fresh else self._member(prompt, output)
-        self.members.append(member)
+        """Count in an admitted member."""
+        self.members.append(self._member(prompt, output))
         self.members.sort()
         self.lengths.append((prompt, output))
 
@@ -141,9 +137,7 @@ class BatchFit:
         if len(self.members) >= self.MAX_CLOSED_FORM:
             p, o = zip(*self.lengths, (prompt, output), strict=True)
             return fit.direct_need(self.decodes, np.array(p), np.array(o))
-        candidate = self._member(prompt, output)
-        self._tested = ((prompt, output), candidate)
-        members = sorted([*self.members, candidate])
+        members = sorted([*self.members, self._member(prompt, output)])
         stop = _NEVER if enough is None else enough
         s, fd, first = fit._s, fit._fd_list, self._first
         need = fit._prefix_max[members[0][2]]
