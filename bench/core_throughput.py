@@ -15,10 +15,13 @@ Usage: python bench/core_throughput.py [--requests N]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import time
 from dataclasses import replace
+
+import numpy as np
 
 from cost_models import LinearStepCost
 from policies import FCFS
@@ -40,9 +43,18 @@ def one_run(trace, cfg):  # type: ignore[no-untyped-def]
     t0 = time.perf_counter()
     timeline = simulate(trace, FCFS(), COST, cfg)
     t1 = time.perf_counter()
-    rows, _, _ = timeline.token_times()
+    tokens = timeline.token_times()
     t2 = time.perf_counter()
-    return t2 - t0, t1 - t0, timeline, rows.shape[0]
+    return t2 - t0, t1 - t0, timeline, tokens
+
+
+def digest(timeline, tokens) -> str:  # type: ignore[no-untyped-def]
+    """SHA-256 over the token table, the step records and the finish times: equal digests
+    across commits mean bit-identical timelines."""
+    h = hashlib.sha256()
+    for a in (*tokens, timeline.steps["end"], timeline.steps["batch_size"], timeline.finished_at):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 def main() -> None:
@@ -65,23 +77,27 @@ def main() -> None:
     cfg = SLoRAConfig(pool_tokens=80_000, batch_max_tokens=8192)
     wall, sim_wall, timeline, tokens = one_run(trace, cfg)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    timeline_sha256 = digest(timeline, tokens)
+    n_tokens = tokens[0].shape[0]
+    del tokens
     batch = timeline.steps["batch_size"][timeline.steps["kind"] == 1]
     wall_slow, _, _, _ = one_run(trace, replace(cfg, fast_forward=False))
     print(
         json.dumps(
             {
                 "requests": len(trace),
-                "output_tokens": int(tokens),
+                "output_tokens": int(n_tokens),
                 "simulated_s": round(float(timeline.info["end_time"]), 1),
                 "mean_decode_batch": round(float(batch.mean()), 1),
                 "wall_s": round(wall, 3),
                 "simulate_s": round(sim_wall, 3),
                 "token_table_s": round(wall - sim_wall, 3),
                 "requests_per_s": round(len(trace) / wall, 1),
-                "tokens_per_s": round(tokens / wall, 1),
+                "tokens_per_s": round(n_tokens / wall, 1),
                 "peak_mb": round(peak_mb, 1),
                 "wall_s_fast_forward_off": round(wall_slow, 3),
                 "speedup_fast_forward": round(wall_slow / wall, 2),
+                "timeline_sha256": timeline_sha256,
             }
         )
     )
