@@ -10,12 +10,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
+from simulator.progress import StreamingReporter
 from simulator.run import run_config
 from traces.schema import TraceError
-
-
-def _progress(now: float, finished: int, total: int) -> None:
-    print(f"  t={now:9.1f} s  {finished}/{total} requests done", file=sys.stderr, flush=True)
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -82,7 +79,7 @@ def format_fairness(summary: dict[str, Any]) -> str:
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     try:
-        _, outputs = run_config(cfg, out_dir, _progress if cfg.get("progress") else None)
+        _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
     except (InstantiationException, TraceError, ValueError, FileNotFoundError) as err:
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
         print(f"fairsim: error: {cause}", file=sys.stderr)

@@ -49,7 +49,22 @@ MAX_RUN_STEPS = 4096  # cap on one fast-forward run, to bound temporary arrays
 MAX_RUN_SEGMENTS = 256  # segments per run, so progress reports keep coming
 SHORT_RUN_STEPS = 8  # runs up to this long are timed step by step, longer ones as arrays
 
-Progress = Callable[[float, int, int], None]  # (simulated time, finished requests, total)
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """What a progress reporter sees about once a second of wall time (arrays are live views:
+    read them during the call, do not keep them)."""
+
+    now: float
+    finished: int
+    total: int
+    arrival: np.ndarray
+    output_len: np.ndarray
+    first_token_at: np.ndarray
+    finished_at: np.ndarray
+
+
+Progress = Callable[[ProgressSnapshot], None]
 
 
 @dataclass(frozen=True)
@@ -168,7 +183,7 @@ class SLoRAEngine:
         while True:
             if self.progress is not None and wallclock.monotonic() - last_report > 1.0:
                 last_report = wallclock.monotonic()
-                self.progress(self.now, self.finished, len(self.trace))
+                self.progress(self._snapshot())
             self._ingest(self.now)
             if cfg.horizon is not None and self.now >= cfg.horizon:
                 return
@@ -188,6 +203,18 @@ class SLoRAEngine:
                 self.now = nxt
                 continue
             yield from self._decode_run(env)
+
+    def _snapshot(self) -> ProgressSnapshot:
+        t = self.trace
+        return ProgressSnapshot(
+            self.now,
+            self.finished,
+            len(t),
+            t.arrival,
+            t.output_len,
+            self.first_token_at,
+            self.finished_at,
+        )
 
     def _ingest(self, until: float) -> None:
         """Process every arrival with time <= `until` (and within the horizon), in order."""

@@ -1,42 +1,106 @@
-"""Latency and throughput metrics (spec: metrics.md section 1), pure functions of a run's tables.
+"""Latency, throughput and QoE metrics (spec: metrics.md sections 1 and 3), pure functions of a
+run's public tables (`requests`, `tokens`, `steps` as written to the run folder), so the same
+functions score a fresh `Timeline` and a reloaded run.
 
-Inputs are the public tables (`requests`, `tokens`, `steps` as written to the run folder), so the
-same functions score a fresh `Timeline` and a reloaded run. Conventions here: TPOT is vLLM's
-(t_n - t_1)/(n - 1) over requests with n > 1; TBT samples are every gap after the first token,
-pooled over requests; percentiles use numpy's linear interpolation.
+Latency conventions (`convention=`), which differ only in TPOT:
+- `vllm` (default): (t_n - t_1)/(n - 1); requests with one token have no TPOT (NaN, dropped).
+- `veeksha`, `evalscope`: the same formula, 0 for one-token requests.
+- `etalon`: the mean of the decode gaps itt[1:], 0 for one-token requests.
+TTFT = t_1 - arrival, E2E = t_n - arrival, normalized E2E = E2E / n, output throughput = n / E2E
+(in the simulator a request is dispatched when it arrives, so Veeksha's TTFC equals TTFT). TBT
+samples are every gap after the first token, pooled over requests. Percentiles are numpy's linear
+interpolation unless `method="evalscope"` (sorted[int(n p / 100)], rounded to 2 decimals).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
+from simulator.fluidity import Ragged, deadline_counts, fluidity_index
+
+__all__ = ["fluidity_index"]  # re-exported: the public home of the fluidity-index is this module
+
 PERCENTILES = (50, 90, 99)
+CONVENTIONS = ("vllm", "veeksha", "etalon", "evalscope")
+PERCENTILE_METHODS = ("linear", "evalscope")
 
 
-def per_request_latency(requests: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
-    """TTFT, TPOT, E2E and normalized E2E per request that emitted at least one token.
-
-    E2E uses the last emitted token, so for requests still running at the horizon it is the
-    latency so far.
-    """
+def _grouped_tokens(tokens: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(request ids, token counts, times) with each request's tokens contiguous in index order."""
     t = tokens.sort_values(["request_id", "index"], kind="stable")
-    g = t.groupby("request_id", sort=True)["time"]
-    first, last, n = g.first(), g.last(), g.size()
-    req = requests.set_index("request_id").loc[first.index]
+    ids = t["request_id"].to_numpy()
+    if ids.size == 0:
+        return ids, np.empty(0, dtype=np.int64), np.empty(0)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    counts = np.diff(np.r_[starts, ids.size])
+    return ids[starts], counts, t["time"].to_numpy()
+
+
+def inter_token_gaps(
+    requests: pd.DataFrame, tokens: pd.DataFrame, completed_only: bool = True
+) -> tuple[pd.DataFrame, Ragged]:
+    """Per request that emitted tokens: its facts (request_id, client, arrival, prompt_len) and
+    its inter-token list [t_1 - arrival, t_2 - t_1, ...] (metrics.md, the input of every metric).
+    By default only completed requests, as Etalon and Veeksha score them."""
+    ids, counts, times = _grouped_tokens(tokens)
+    req = requests.set_index("request_id").loc[ids]
+    keep = (req["status"] == "completed").to_numpy() if completed_only else np.ones(ids.size, bool)
+    gaps = np.diff(times, prepend=0.0)
+    starts = np.cumsum(counts) - counts
+    gaps[starts] = times[starts] - req["arrival"].to_numpy()
+    facts = req.reset_index()[["request_id", "client", "arrival", "prompt_len"]]
+    ragged = Ragged(gaps, counts)
+    if keep.all():
+        return facts, ragged
+    rows = np.flatnonzero(keep)
+    within = np.arange(int(counts[rows].sum())) - np.repeat(
+        np.cumsum(counts[rows]) - counts[rows], counts[rows]
+    )
+    values = gaps[np.repeat(starts[rows], counts[rows]) + within]
+    return facts.iloc[rows].reset_index(drop=True), Ragged(values, counts[rows])
+
+
+def per_request_latency(
+    requests: pd.DataFrame, tokens: pd.DataFrame, convention: str = "vllm"
+) -> pd.DataFrame:
+    """TTFT, TPOT, E2E, normalized E2E and output throughput per request that emitted at least
+    one token, indexed by request_id. E2E uses the last emitted token, so for requests still
+    running at the horizon it is the latency so far."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown latency convention {convention!r}; accepted: {CONVENTIONS}")
+    ids, n, times = _grouped_tokens(tokens)
+    starts = np.cumsum(n) - n
+    first, last = times[starts], times[starts + n - 1]
+    req = requests.set_index("request_id").loc[ids]
+    arrival = req["arrival"].to_numpy()
     out = pd.DataFrame(
         {
             "client": req["client"].to_numpy(),
-            "ttft": first.to_numpy() - req["arrival"].to_numpy(),
-            "e2e": last.to_numpy() - req["arrival"].to_numpy(),
-            "tokens": n.to_numpy(),
+            "prompt_len": req["prompt_len"].to_numpy(),
+            "ttft": first - arrival,
+            "e2e": last - arrival,
+            "tokens": n,
         },
-        index=first.index,
+        index=pd.Index(ids, name="request_id"),
     )
-    out["tpot"] = np.where(
-        out.tokens > 1, (last.to_numpy() - first.to_numpy()) / np.maximum(out.tokens - 1, 1), np.nan
-    )
+    several = n > 1
+    if convention == "etalon":
+        gaps = np.diff(times, prepend=0.0)
+        gaps[starts] = 0.0  # each request's own decode gaps only
+        decode_sum = np.add.reduceat(gaps, starts) if ids.size else first
+        tpot = np.where(several, decode_sum / np.maximum(n - 1, 1), 0.0)
+    else:
+        tpot = np.where(several, (last - first) / np.maximum(n - 1, 1), np.nan)
+        if convention != "vllm":
+            tpot = np.where(several, tpot, 0.0)
+    out["tpot"] = tpot
     out["normalized_e2e"] = out.e2e / out.tokens
+    out["output_throughput"] = np.divide(
+        n, out.e2e.to_numpy(), out=np.full(n.shape[0], np.nan), where=out.e2e.to_numpy() > 0
+    )
     return out
 
 
@@ -48,12 +112,33 @@ def tbt_samples(tokens: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"request_id": t["request_id"].to_numpy()[keep], "tbt": gap[keep]})
 
 
-def percentiles(values: np.ndarray, ps: tuple[int, ...] = PERCENTILES) -> dict[str, float]:
+def percentile(values: np.ndarray, p: float, method: str = "linear") -> float:
+    """The p-th percentile (0..100) of the non-NaN values; NaN when there are none.
+
+    `linear`: numpy's default interpolation. `evalscope`: EvalScope's rule, the element at index
+    int(n p / 100) of the sorted values (the last one for p = 100), rounded to 2 decimals.
+    """
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile must be within [0, 100]; got {p}")
     if v.size == 0:
-        return {"mean": float("nan"), **{f"p{p}": float("nan") for p in ps}}
-    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in ps}}
+        return float("nan")
+    if method == "linear":
+        return float(np.percentile(v, p))
+    if method == "evalscope":
+        v = np.sort(v)
+        return round(float(v[min(int(v.size * p / 100), v.size - 1)]), 2)
+    raise ValueError(f"unknown percentile method {method!r}; accepted: {PERCENTILE_METHODS}")
+
+
+def percentiles(
+    values: np.ndarray, ps: tuple[int, ...] = PERCENTILES, method: str = "linear"
+) -> dict[str, float]:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    mean = float(v.mean()) if v.size else float("nan")
+    return {"mean": mean, **{f"p{p}": percentile(v, p, method) for p in ps}}
 
 
 def latency_summary(requests: pd.DataFrame, tokens: pd.DataFrame) -> dict[str, dict]:
@@ -86,6 +171,91 @@ def token_throughput(requests: pd.DataFrame) -> float:
         return 0.0
     end = float(done.finished_at.max())
     return float((done.prompt_len + done.output_len).sum() / end) if end > 0 else float("nan")
+
+
+def goodput(
+    requests: pd.DataFrame,
+    tokens: pd.DataFrame,
+    ttft: float | None = None,
+    tpot: float | None = None,
+    e2e: float | None = None,
+) -> float:
+    """vLLM's goodput: completed requests meeting every given limit (inclusive; TPOT counts as 0
+    for one-token outputs) per second of the run (first arrival to last finish)."""
+    done = requests[requests.status == "completed"]
+    if done.empty:
+        return 0.0
+    lat = per_request_latency(done, tokens[tokens.request_id.isin(done.request_id)], "veeksha")
+    good = np.ones(len(lat), dtype=bool)
+    for limit, column in ((ttft, "ttft"), (tpot, "tpot"), (e2e, "e2e")):
+        if limit is not None:
+            good &= lat[column].to_numpy() <= limit
+    duration = float(done.finished_at.max() - requests.arrival.min())
+    return float(good.sum() / duration) if duration > 0 else float("nan")
+
+
+def andes_qoe(
+    requests: pd.DataFrame,
+    tokens: pd.DataFrame,
+    expected_ttft: float = 1.0,
+    reading_speed: float = 5.0,
+) -> pd.Series:
+    """Andes QoE per request with tokens (metrics.md section 3, its discrete form).
+
+    The user expects token i at T*_i = arrival + expected_ttft + i / reading_speed and reads no
+    faster than `reading_speed` tokens/s, so token i is consumed at
+    A_i = max(t_{i+1}, A_{i-1} + 1/speed) (A_0 = max(t_1, T*_0)).
+    QoE = 1 - sum(max(0, A_i - T*_i)) / sum(A_i - arrival). This is the token-sum form of
+    metrics.md, not the paper's continuous areas between delivery curves.
+    Unrolled, A_i - T*_i = max(0, max_{k<=i}(t_{k+1} - k/speed) - T*_0), a running maximum.
+    """
+    if expected_ttft < 0 or not reading_speed > 0:
+        raise ValueError(
+            f"expected_ttft must be >= 0 and reading_speed > 0; got {expected_ttft}, "
+            f"{reading_speed}"
+        )
+    ids, n, times = _grouped_tokens(tokens)
+    if ids.size == 0:
+        return pd.Series([], dtype=float, index=pd.Index([], name="request_id"), name="qoe")
+    arrival = requests.set_index("request_id").loc[ids, "arrival"].to_numpy()
+    index = np.arange(times.size) - np.repeat(np.cumsum(n) - n, n)
+    group = np.repeat(np.arange(ids.size), n)
+    running = pd.Series(times - index / reading_speed).groupby(group).cummax().to_numpy()
+    expected_first = np.repeat(arrival + expected_ttft, n)
+    consumed = np.maximum(running, expected_first) + index / reading_speed
+    delay = np.maximum(running - expected_first, 0.0)
+    s_delay = np.bincount(group, delay, ids.size)
+    s_whole = np.bincount(group, consumed - np.repeat(arrival, n), ids.size)
+    qoe = 1.0 - np.divide(s_delay, s_whole, out=np.zeros(ids.size), where=s_whole > 0)
+    return pd.Series(qoe, index=pd.Index(ids, name="request_id"), name="qoe")
+
+
+def request_fluidity(
+    requests: pd.DataFrame,
+    tokens: pd.DataFrame,
+    ttft_deadline: float | np.ndarray | None = None,
+    tbt_deadline: float = 0.05,
+    exact: bool = False,
+    prefill_curve: Callable[[np.ndarray], np.ndarray] | None = None,
+    scheduling_slack: float = 0.0,
+) -> pd.DataFrame:
+    """Fluidity-index per completed request (client, prompt_len, fluidity, missed, total,
+    miss_rate). D_p is `ttft_deadline` (a constant) or, when `prefill_curve` (a callable of
+    prompt lengths, e.g. `PrefillCurve`) is given, its prediction plus `scheduling_slack`."""
+    facts, gaps = inter_token_gaps(requests, tokens)
+    if prefill_curve is not None:
+        d_p = np.asarray(prefill_curve(facts.prompt_len.to_numpy()), dtype=np.float64)
+        d_p = d_p + scheduling_slack
+    elif ttft_deadline is None:
+        raise ValueError("give ttft_deadline (seconds) or a prefill_curve for the first deadline")
+    else:
+        d_p = np.asarray(ttft_deadline, dtype=np.float64)
+    missed, total = deadline_counts(gaps, d_p, tbt_deadline, exact)
+    rate = np.divide(missed, total, out=np.zeros(missed.shape[0]), where=total > 0)
+    out = facts.set_index("request_id")[["client", "prompt_len"]].copy()
+    out["fluidity"] = 1.0 - rate
+    out["missed"], out["total"], out["miss_rate"] = missed, total, rate
+    return out
 
 
 def kv_utilisation(steps: pd.DataFrame, pool_tokens: int) -> dict[str, float]:

@@ -49,7 +49,7 @@ def summarize(
     reasons = (
         requests[requests.status != "completed"].groupby(["status", "reason"], observed=True).size()
     )
-    return _clean(
+    return json_safe(
         {
             "config_digest": config_digest(config),
             "config": config,
@@ -106,12 +106,12 @@ def load_run(folder: str | Path) -> RunOutputs:
     )
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe: NaN/inf become null (strict JSON has no NaN)."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value

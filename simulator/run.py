@@ -15,8 +15,12 @@ from cost_models.base import StepCostModel
 from policies.base import Policy
 from simulator.engine import Progress, SLoRAConfig, SLoRAEngine
 from simulator.fairness import fairness_summary, tick_span
-from simulator.outputs import RunOutputs, write_run
+from simulator.outputs import RunOutputs, json_safe, write_run
+from simulator.prefill_curve import fit_prefill_curve, profile_prefill
+from simulator.qoe import QoEConfig, qoe_summary, request_values
+from simulator.slo import SLO, evaluate_slos, parse_slos
 from simulator.timeline import Timeline
+from simulator.veeksha_outputs import write_veeksha_metrics
 from traces.schema import Trace
 
 
@@ -44,14 +48,46 @@ def run_config(
     policy = instantiate(cfg.policy, _convert_="all")
     cost = instantiate(cfg.cost_model, _convert_="all")
     engine = instantiate(cfg.engine, _convert_="all")
+    raw_slos = cfg.get("slos")
+    slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
     timeline = simulate(trace, policy, cost, engine, progress)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     outputs = write_run(timeline, out_dir, resolved)
+    if cfg.get("qoe"):
+        add_qoe(cfg, outputs, out_dir, cost, engine, slos)
     other = cfg.get("compare_with")
     if other and other != policy.name:
         outputs.summary["comparison"] = compare(trace, other, cost, engine)
         Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
     return timeline, outputs
+
+
+def add_qoe(
+    cfg: DictConfig,
+    outputs: RunOutputs,
+    out_dir: str | Path,
+    cost: StepCostModel,
+    engine: SLoRAConfig,
+    slos: list[SLO],
+) -> None:
+    """The `qoe` block of summary.json, the SLO results, and (unless switched off) the
+    Veeksha-compatible files under metrics/."""
+    qoe_cfg: QoEConfig = instantiate(cfg.qoe, _convert_="all")
+    curve = None
+    if qoe_cfg.ttft_deadline is None:
+        curve = fit_prefill_curve(profile_prefill(cost, engine))
+    r, t = outputs.requests, outputs.tokens
+    outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve))
+    if cfg.get("veeksha_metrics", True):
+        workload = instantiate(cfg.workload, _convert_="all")
+        rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
+        results = write_veeksha_metrics(
+            Path(out_dir, "metrics"), r, t, outputs.steps, qoe_cfg, curve, slos, rate
+        )
+    else:
+        results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve))
+    outputs.summary["slo_results"] = json_safe(results)
+    Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
 
 
 def compare(

@@ -20,6 +20,10 @@ class ArrivalProcess(Protocol):
 
     def scaled(self, factor: float) -> ArrivalProcess: ...
 
+    def mean_rate(self, duration: float) -> float:
+        """The configured mean arrivals per second over [0, duration) (health checks)."""
+        ...
+
 
 def _positive(name: str, value: float) -> None:
     if not (np.isfinite(value) and value > 0):
@@ -59,6 +63,9 @@ class Uniform:
     def scaled(self, factor: float) -> Uniform:
         return replace(self, rate=self.rate * factor)
 
+    def mean_rate(self, duration: float) -> float:
+        return self.rate
+
 
 @dataclass(frozen=True)
 class Poisson:
@@ -74,6 +81,9 @@ class Poisson:
 
     def scaled(self, factor: float) -> Poisson:
         return replace(self, rate=self.rate * factor)
+
+    def mean_rate(self, duration: float) -> float:
+        return self.rate
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,9 @@ class Gamma:
     def scaled(self, factor: float) -> Gamma:
         return replace(self, rate=self.rate * factor)
 
+    def mean_rate(self, duration: float) -> float:
+        return self.rate
+
 
 @dataclass(frozen=True)
 class OnOff:
@@ -114,6 +127,12 @@ class OnOff:
 
     def scaled(self, factor: float) -> OnOff:
         return replace(self, inner=self.inner.scaled(factor))
+
+    def mean_rate(self, duration: float) -> float:
+        cycle = self.on + self.off
+        full, rest = divmod(duration, cycle)
+        on_time = full * self.on + min(rest, self.on)
+        return self.inner.mean_rate(duration) * on_time / duration
 
 
 @dataclass(frozen=True)
@@ -155,6 +174,9 @@ class LinearRamp:
     def scaled(self, factor: float) -> LinearRamp:
         return replace(self, start_rate=self.start_rate * factor, end_rate=self.end_rate * factor)
 
+    def mean_rate(self, duration: float) -> float:
+        return 0.5 * (self.start_rate + self.end_rate)
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -185,6 +207,15 @@ class Piecewise:
                 out.append(start + p.process.times(length, rng))
             start += p.duration
         return np.concatenate(out) if out else np.empty(0)
+
+    def mean_rate(self, duration: float) -> float:
+        expected, start = 0.0, 0.0
+        for p in self.phases:
+            length = min(p.duration, max(duration - start, 0.0))
+            if p.process is not None and length > 0:
+                expected += p.process.mean_rate(length) * length
+            start += p.duration
+        return expected / duration
 
     def scaled(self, factor: float) -> Piecewise:
         return replace(

@@ -50,6 +50,10 @@ class SyntheticWorkload:
             raise ValueError(f"workload '{self.name}': client names repeat: {names}")
         object.__setattr__(self, "clients_by_name", {c.name: c for c in self.clients})
 
+    def configured_rate(self) -> float:
+        """Mean requests per second the configuration asks for (all clients, after rate_scale)."""
+        return self.rate_scale * sum(c.arrival.mean_rate(self.duration) for c in self.clients)
+
     def build(self, seed: int) -> Trace:
         streams = np.random.SeedSequence(seed).spawn(len(self.clients))
         arrival, client, prompt, output = [], [], [], []

@@ -1,0 +1,206 @@
+"""Etalon's fluidity-index and the rates derived from it (spec: metrics.md section 2).
+
+A request's inter-token list is [t_1 - arrival, t_2 - t_1, ...]. Every token has a deadline
+(D_p for the first, D_d for the rest); a token that beats its deadline banks the difference as
+slack for later tokens, a late token is charged every deadline the stall covered and resets the
+slack. fluidity = 1 - missed / total.
+
+Two arithmetic conventions:
+- float (default, `exact=False`): Etalon's own code, IEEE doubles and Python's float floor
+  division, bit for bit. A gap that is an exact decimal multiple of D_d is often undercounted by
+  one (0.3 // 0.05 == 5.0 in binary floating point).
+- exact (`exact=True`): every gap and deadline is first rounded to an integer number of
+  nanoseconds, then all arithmetic is integer, so decimal multiples count as written
+  (0.3 s / 0.05 s is 6 deadlines).
+
+All functions take many requests at once as a ragged array (values + lengths) and walk token
+positions in lock step, so the Python loop runs once per token position, not once per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+NS_PER_S = 1_000_000_000
+SEARCH_HIGH = 1e10  # Etalon's bisection range for the minimum deadline, seconds
+SEARCH_GRANULARITY = 1e-4
+FLUID_RATE_QUANTILE = 0.99
+FLUID_RATE_TARGET_MISS = 0.1
+TARGET_TBT_VALUES = np.arange(1, 101) / 1000.0  # 1..100 ms
+LOCK_STEP_VALUES = 4_000_000  # gaps evaluated together when many deadlines are tried at once
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Per-request float lists stored flat: request r owns `lengths[r]` values from
+    `offsets[r]`."""
+
+    values: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.cumsum(self.lengths) - self.lengths
+
+    @classmethod
+    def from_lists(cls, lists: Sequence[Sequence[float] | np.ndarray]) -> Ragged:
+        lengths = np.array([len(x) for x in lists], dtype=np.int64)
+        flat = [np.asarray(x, dtype=np.float64) for x in lists]
+        values = np.concatenate(flat) if flat else np.empty(0)
+        return cls(values.astype(np.float64), lengths)
+
+    def drop_first(self) -> Ragged:
+        """Each list without its first entry (Etalon's `should_ignore_first_token`)."""
+        keep = np.ones(self.values.shape[0], dtype=bool)
+        has = self.lengths > 0
+        keep[self.offsets[has]] = False
+        return Ragged(self.values[keep], np.maximum(self.lengths - 1, 0))
+
+
+def deadline_counts(
+    gaps: Ragged,
+    ttft_deadline: np.ndarray | float,
+    tbt_deadline: np.ndarray | float,
+    exact: bool = False,
+    first_is_prefill: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(missed, total) deadlines per request; deadlines may be scalars or one per request.
+
+    With `first_is_prefill=False` every gap is judged against `tbt_deadline` (the lists are
+    decode gaps only, as in Etalon's rate metrics).
+    """
+    n = gaps.lengths.shape[0]
+    d_p: np.ndarray = np.broadcast_to(np.asarray(ttft_deadline, dtype=np.float64), (n,))
+    d_d: np.ndarray = np.broadcast_to(np.asarray(tbt_deadline, dtype=np.float64), (n,))
+    if n and (not np.all(d_d > 0) or not np.all(np.isfinite(d_d))):
+        raise ValueError(f"tbt_deadline must be a finite number > 0 seconds; got {d_d.min()}")
+    if n and not np.all(d_p >= 0):
+        raise ValueError(f"ttft_deadline must be >= 0 seconds; got {d_p.min()}")
+    values: np.ndarray = gaps.values
+    if exact:
+        values, d_p, d_d = (np.rint(x * NS_PER_S).astype(np.int64) for x in (values, d_p, d_d))
+    order = np.argsort(-gaps.lengths, kind="stable")  # longest first: active rows are a prefix
+    lengths = gaps.lengths[order]
+    starts = gaps.offsets[order]
+    d_p, d_d = d_p[order], d_d[order]
+    zero = values.dtype.type(0)
+    slack = np.zeros(n, dtype=values.dtype)
+    missed = np.zeros(n, dtype=np.int64)
+    total = np.zeros(n, dtype=np.int64)
+    longest = int(lengths[0]) if n else 0
+    active = np.searchsorted(-lengths, -np.arange(longest), side="left")  # rows with > j gaps
+    for j in range(longest):
+        c = int(active[j])
+        t = values[starts[:c] + j]
+        s = slack[:c]
+        dd = d_d[:c]
+        prefill = j == 0 and first_is_prefill
+        deadline = d_p[:c] if prefill else dd
+        hit = t <= deadline + s
+        # a late token is charged every deadline its stall covered (Etalon's two formulas)
+        late = 1 + np.floor_divide(t - s - deadline, dd) if prefill else np.floor_divide(t - s, dd)
+        late = np.where(hit, 0, late).astype(np.int64)
+        slack[:c] = np.where(hit, s + (deadline - t), zero)
+        missed[:c] += late
+        total[:c] += np.where(hit, 1, late)
+    out_missed = np.empty(n, dtype=np.int64)
+    out_total = np.empty(n, dtype=np.int64)
+    out_missed[order] = missed
+    out_total[order] = total
+    return out_missed, out_total
+
+
+def _rate(missed: np.ndarray, total: np.ndarray) -> np.ndarray:
+    return np.divide(missed, total, out=np.zeros(missed.shape[0]), where=total > 0)
+
+
+def fluidity_index(
+    inter_token_times: list[float],
+    ttft_deadline: float,
+    tbt_deadline: float,
+    exact: bool = False,
+) -> tuple[float, int, int]:
+    """(fluidity, missed, total) of one request; no tokens gives (1.0, 0, 0)."""
+    missed, total = deadline_counts(
+        Ragged.from_lists([inter_token_times]), ttft_deadline, tbt_deadline, exact
+    )
+    return 1.0 - float(_rate(missed, total)[0]), int(missed[0]), int(total[0])
+
+
+def service_miss_rate(missed: np.ndarray, total: np.ndarray) -> float:
+    """Service-level deadline miss rate: all missed deadlines over all deadlines (0 if none)."""
+    t = int(total.sum())
+    return int(missed.sum()) / t if t else 0.0
+
+
+def min_tbt_deadline(
+    gaps: Ragged,
+    target_miss_rate: float = FLUID_RATE_TARGET_MISS,
+    ttft_deadline: np.ndarray | float = 0.0,
+    exact: bool = False,
+    first_is_prefill: bool = True,
+) -> np.ndarray:
+    """Per request, the smallest D_d whose miss rate is <= target (Etalon's bisection over
+    [0, 1e10] s with 1e-4 s granularity; 1e10 if no probe passed)."""
+    n = gaps.lengths.shape[0]
+    d_p = np.broadcast_to(np.asarray(ttft_deadline, dtype=np.float64), (n,))
+    left = np.zeros(n)
+    right = np.full(n, SEARCH_HIGH)
+    best = np.full(n, SEARCH_HIGH)
+    offsets = gaps.offsets
+    while True:
+        rows = np.flatnonzero(right - left > SEARCH_GRANULARITY)
+        if rows.size == 0:
+            return best
+        mid = (left[rows] + right[rows]) / 2
+        sub = _select(gaps, offsets, rows)
+        missed, total = deadline_counts(sub, d_p[rows], mid, exact, first_is_prefill)
+        fails = _rate(missed, total) > target_miss_rate
+        left[rows[fails]] = mid[fails] + SEARCH_GRANULARITY
+        ok = rows[~fails]
+        best[ok] = mid[~fails]
+        right[ok] = mid[~fails] - SEARCH_GRANULARITY
+
+
+def _select(gaps: Ragged, offsets: np.ndarray, rows: np.ndarray) -> Ragged:
+    lengths = gaps.lengths[rows]
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return Ragged(gaps.values[np.repeat(offsets[rows], lengths) + within], lengths)
+
+
+def fluid_token_rate(decode_gaps: Ragged, exact: bool = False) -> float:
+    """Etalon's fluid token generation rate (tokens/s): 1 / P99 over requests of the minimum
+    decode deadline at which the request misses at most 10% of its deadlines."""
+    if decode_gaps.lengths.shape[0] == 0:
+        return float("nan")
+    best = min_tbt_deadline(decode_gaps, FLUID_RATE_TARGET_MISS, 0.0, exact, first_is_prefill=False)
+    return float(1.0 / np.quantile(best, FLUID_RATE_QUANTILE))
+
+
+def miss_rate_at_tbt_targets(
+    decode_gaps: Ragged,
+    targets: np.ndarray = TARGET_TBT_VALUES,
+    quantile: float = FLUID_RATE_QUANTILE,
+    exact: bool = False,
+) -> pd.DataFrame:
+    """For each target D_d, the `quantile` over requests of the per-request miss rate
+    (decode gaps only). Several targets share one lock-step pass, within a memory budget."""
+    targets = np.asarray(targets, dtype=np.float64)
+    n, k = decode_gaps.lengths.shape[0], targets.shape[0]
+    if n == 0:
+        return pd.DataFrame({"tbt_deadline": targets, "miss_rate": np.nan})
+    per_chunk = max(1, LOCK_STEP_VALUES // max(int(decode_gaps.lengths.sum()), 1))
+    rates = np.empty((k, n))
+    for lo in range(0, k, per_chunk):
+        chunk = targets[lo : lo + per_chunk]
+        rows = np.tile(np.arange(n), chunk.shape[0])
+        repeated = _select(decode_gaps, decode_gaps.offsets, rows)
+        missed, total = deadline_counts(repeated, 0.0, np.repeat(chunk, n), exact, False)
+        rates[lo : lo + chunk.shape[0]] = _rate(missed, total).reshape(chunk.shape[0], n)
+    return pd.DataFrame(
+        {"tbt_deadline": targets, "miss_rate": np.quantile(rates, quantile, axis=1)}
+    )

@@ -1,0 +1,225 @@
+"""Veeksha-compatible metric files in `<run folder>/metrics/` (metrics.md section 7).
+
+So that tools written for Veeksha's performance evaluator read a fairsim run unchanged. In the
+simulator a request is dispatched the moment it arrives, so `scheduler_ready_at` and
+`scheduler_dispatched_at` are the arrival, `client_picked_up_at` is the admission (start of the
+prefill step) and `session_id` is the client. Extra keys (fluidity, deadline misses) are added;
+none of Veeksha's keys is renamed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from simulator import fluidity, metrics  # noqa: E402
+from simulator.outputs import json_safe  # noqa: E402
+from simulator.prefill_curve import PrefillCurve  # noqa: E402
+from simulator.qoe import QoEConfig, request_fluidity, request_values  # noqa: E402
+from simulator.slo import SLO, evaluate_slos  # noqa: E402
+
+DISTRIBUTION_METRICS = ("ttfc", "tbc", "tpot", "e2e", "normalized_e2e", "fluidity")
+RATE_TOLERANCE = 0.15  # Veeksha's health check: observed arrival rate within 15% of configured
+LENGTH_TOLERANCE = 15  # tokens
+
+
+def _dump(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(json_safe(obj), indent=2) + "\n")
+
+
+def _distribution_row(values: np.ndarray) -> dict[str, float]:
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return {k: float("nan") for k in ("p50", "p90", "p95", "p99", "min", "max", "mean")}
+    row = {f"p{p}": float(np.percentile(v, p)) for p in (50, 90, 95, 99)}
+    return {**row, "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean())}
+
+
+def request_level_rows(
+    requests: pd.DataFrame, tokens: pd.DataFrame, cfg: QoEConfig, curve: PrefillCurve | None
+) -> list[dict[str, Any]]:
+    """One Veeksha row per completed request, in arrival order."""
+    done = requests[requests.status == "completed"]
+    done_tokens = tokens[tokens.request_id.isin(done.request_id)]
+    lat = metrics.per_request_latency(done, done_tokens, "veeksha")
+    facts, gaps = metrics.inter_token_gaps(done, done_tokens)
+    flu = request_fluidity(done, done_tokens, cfg, curve)
+    tbc = np.split(gaps.drop_first().values, np.cumsum(gaps.lengths - 1)[:-1])
+    tbc_of = dict(zip(facts.request_id.tolist(), tbc, strict=True))
+    rows = []
+    for r in done.itertuples(index=False):
+        rid = r.request_id
+        lat_r, flu_r = lat.loc[rid], flu.loc[rid]
+        rows.append(
+            {
+                "request_id": int(rid),
+                "session_id": str(r.client),
+                "scheduler_ready_at": float(r.arrival),
+                "scheduler_dispatched_at": float(r.arrival),
+                "client_picked_up_at": float(r.admitted_at),
+                "client_completed_at": float(r.finished_at),
+                "num_delta_prompt_tokens": int(r.prompt_len),
+                "num_total_prompt_tokens": int(r.prompt_len),
+                "num_output_tokens": int(r.tokens_emitted),
+                "num_requested_output_tokens": int(r.output_len),
+                "num_total_tokens": int(r.prompt_len + r.tokens_emitted),
+                "is_stream": True,
+                "tpot": float(lat_r.tpot),
+                "ttfc": float(lat_r.ttft),
+                "end_to_end_latency": float(lat_r.e2e),
+                "normalized_end_to_end_latency": float(lat_r.normalized_e2e),
+                "output_throughput": float(lat_r.output_throughput),
+                "tbc": tbc_of[rid].tolist(),
+                "fluidity_index": float(flu_r.fluidity),
+                "missed_deadlines": int(flu_r.missed),
+                "total_deadlines": int(flu_r.total),
+            }
+        )
+    return rows
+
+
+def prefill_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """TTFC grouped by prompt length (Veeksha's prefill_stats.json)."""
+    frame = pd.DataFrame(
+        {"p": [r["num_delta_prompt_tokens"] for r in rows], "t": [r["ttfc"] for r in rows]}
+    )
+    groups = {}
+    for p, g in frame.groupby("p", sort=True):
+        t = g.t.to_numpy()
+        groups[str(p)] = {
+            "count": int(t.size),
+            "mean": float(t.mean()),
+            "median": float(np.median(t)),
+            "std": float(t.std()),
+            "min": float(t.min()),
+            "max": float(t.max()),
+            "p90": float(np.percentile(t, 90)),
+            "p99": float(np.percentile(t, 99)),
+        }
+    return {"metric": "ttfc", "group_by": "target_num_delta_prompt_tokens", "groups": groups}
+
+
+def health_checks(
+    requests: pd.DataFrame, steps: pd.DataFrame, configured_rate: float | None
+) -> list[dict[str, Any]]:
+    """Arrival rate against the configured rate; emitted and prefilled lengths against the
+    requested ones."""
+    checks: list[dict[str, Any]] = []
+    span = float(requests.arrival.max() - requests.arrival.min()) if len(requests) > 1 else 0.0
+    observed = (len(requests) - 1) / span if span > 0 else float("nan")
+    if configured_rate is None:
+        checks.append(
+            {
+                "check": "session_dispatch_rate",
+                "passed": None,
+                "detail": f"observed {observed:.3f} req/s; no configured rate to compare with",
+            }
+        )
+    else:
+        off = abs(observed - configured_rate) / configured_rate
+        checks.append(
+            {
+                "check": "session_dispatch_rate",
+                "passed": bool(off <= RATE_TOLERANCE),
+                "detail": f"observed {observed:.3f} req/s vs configured {configured_rate:.3f} "
+                f"({100 * off:.1f}% off; tolerance {100 * RATE_TOLERANCE:.0f}%)",
+            }
+        )
+    done = requests[requests.status == "completed"]
+    bad_out = int((np.abs(done.tokens_emitted - done.output_len) > LENGTH_TOLERANCE).sum())
+    checks.append(
+        {
+            "check": "output_length",
+            "passed": bad_out == 0,
+            "detail": f"{bad_out} of {len(done)} completed requests off by more than "
+            f"{LENGTH_TOLERANCE} tokens",
+        }
+    )
+    admitted = requests[~requests.admitted_at.isna()]
+    prefilled = int(steps.num_tokens[steps.kind == "prefill"].sum())
+    wanted = int(admitted.prompt_len.sum())
+    checks.append(
+        {
+            "check": "prompt_length",
+            "passed": prefilled == wanted,
+            "detail": f"prefill steps processed {prefilled} prompt tokens for admitted requests "
+            f"asking {wanted}",
+        }
+    )
+    return checks
+
+
+def write_veeksha_metrics(
+    folder: str | Path,
+    requests: pd.DataFrame,
+    tokens: pd.DataFrame,
+    steps: pd.DataFrame,
+    cfg: QoEConfig,
+    curve: PrefillCurve | None = None,
+    slos: list[SLO] | None = None,
+    configured_rate: float | None = None,
+) -> dict[str, Any]:
+    """Write every file; return slo_results (also written) for the caller's summary."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = request_level_rows(requests, tokens, cfg, curve)
+    with (out / "request_level_metrics.jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps(json_safe(row)) + "\n")
+    errored = int(requests.status.isin(["rejected", "refused"]).sum())
+    span = float(requests.arrival.max() - requests.arrival.min()) if len(requests) > 1 else 0.0
+    _dump(
+        out / "summary_stats.json",
+        {
+            "Number of Requests": len(requests),
+            "Number of Completed Requests": len(rows),
+            "Number of Errored Requests": errored,
+            "Error Rate": errored / len(requests) if len(requests) else 0.0,
+            "Observed Session Dispatch Rate": (len(requests) - 1) / span if span > 0 else None,
+        },
+    )
+    values = request_values(requests, tokens, cfg, curve)
+    tpot, tbc = values["tpot"], values["tbc"]
+    _, gaps = metrics.inter_token_gaps(requests, tokens)
+    _dump(
+        out / "throughput_metrics.json",
+        {
+            "tpot_based_throughput": 1.0 / tpot.mean() if tpot.size and tpot.mean() > 0 else None,
+            "tbc_based_throughput": 1.0 / np.quantile(tbc, 0.99) if tbc.size else None,
+            "fluid_token_generation_rate": fluidity.fluid_token_rate(gaps.drop_first(), cfg.exact),
+        },
+    )
+    _dump(out / "prefill_stats.json", prefill_stats(rows))
+    fluidity.miss_rate_at_tbt_targets(gaps.drop_first(), exact=cfg.exact).to_csv(
+        out / "deadline_miss_rate_at_tbt_targets.csv", index=False
+    )
+    for name in DISTRIBUTION_METRICS:
+        v = values[name]
+        pd.DataFrame([_distribution_row(v)]).to_csv(out / f"{name}.csv", index=False)
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.hist(v[~np.isnan(v)], bins=50)
+        ax.set_xlabel(name + ("" if name == "fluidity" else " (s)"))
+        ax.set_ylabel("count")
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=80)
+        plt.close(fig)
+    results = evaluate_slos(slos or [], values)
+    _dump(out / "slo_results.json", results)
+    checks = health_checks(requests, steps, configured_rate)
+    _dump(out / "health_check_results.json", checks)
+    (out / "health_check_results.txt").write_text(
+        "".join(
+            f"[{'PASS' if c['passed'] else 'SKIP' if c['passed'] is None else 'FAIL'}] "
+            f"{c['check']}: {c['detail']}\n"
+            for c in checks
+        )
+    )
+    return results

@@ -1,0 +1,127 @@
+"""Etalon's fluidity-index (metrics.md section 2): reference vectors in both conventions, the
+paper's early-vs-late stall, and the lock-step implementation against a per-token oracle."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator import fluidity as fl
+from simulator.metrics import fluidity_index
+
+# (itt, D_p, D_d) -> (float miss rate, missed, total), (exact missed, total)
+REFERENCE = [
+    ([], 0.1, 0.05, (0.0, 0, 0), (0, 0)),
+    ([0.05], 0.1, 0.05, (0.0, 0, 1), (0, 1)),
+    ([0.25], 0.1, 0.05, (1.0, 3, 3), (4, 4)),
+    ([0.26], 0.1, 0.05, (1.0, 4, 4), (4, 4)),
+    ([0.05, 0.06, 0.07, 0.02], 0.1, 0.05, (0.0, 0, 4), (0, 4)),
+    ([0.1, 0.05, 0.3, 0.05], 0.1, 0.05, (0.625, 5, 8), (6, 9)),
+    ([0.0, 0.3], 0.0, 0.1, (0.6667, 2, 3), (3, 4)),
+    ([0.5] + [0.04] * 19 + [0.16], 0.5, 0.1, (0.0, 0, 21), (0, 21)),
+    ([0.5, 0.16] + [0.04] * 19, 0.5, 0.1, (0.0476, 1, 21), (1, 21)),
+]
+
+
+@pytest.mark.parametrize(("itt", "d_p", "d_d", "flt", "exact"), REFERENCE)
+def test_reference_vectors_in_both_conventions(itt, d_p, d_d, flt, exact):
+    index, missed, total = fluidity_index(itt, d_p, d_d)
+    assert (missed, total) == flt[1:]
+    assert 1.0 - index == pytest.approx(flt[0], abs=5e-5)
+    index, missed, total = fluidity_index(itt, d_p, d_d, exact=True)
+    assert (missed, total) == exact
+    assert index == (1.0 - missed / total if total else 1.0)
+
+
+def test_early_stall_is_penalised_and_late_stall_absorbed():
+    """The paper's figure: 20 gaps of 40 ms and one 160 ms stall, D_d = 100 ms. Both orders have
+    the same P90 TBT and TPOT, but only the early stall costs fluidity (0.95 vs 1.00)."""
+    early = [0.5, 0.16] + [0.04] * 19
+    late = [0.5] + [0.04] * 19 + [0.16]
+    assert np.percentile(early[1:], 90) == np.percentile(late[1:], 90)
+    assert np.mean(early[1:]) == pytest.approx(np.mean(late[1:]))
+    assert fluidity_index(early, 0.5, 0.1)[0] == pytest.approx(0.952, abs=1e-3)
+    assert fluidity_index(late, 0.5, 0.1)[0] == 1.0
+
+
+def test_empty_and_one_token_requests():
+    assert fluidity_index([], 0.1, 0.05) == (1.0, 0, 0)
+    assert fluidity_index([0.1], 0.1, 0.05) == (1.0, 0, 1)  # on time, inclusive
+    assert fluidity_index([0.4], 0.1, 0.05)[0] == 0.0  # one late token: fluidity 0
+
+
+def test_minimum_deadline_reference_vector():
+    gaps = fl.Ragged.from_lists([[0.1, 0.05, 0.05, 0.2]])
+    best = fl.min_tbt_deadline(gaps, 0.1, ttft_deadline=0.1)
+    assert best[0] == pytest.approx(0.10022863428932816, rel=1e-12)
+
+
+def test_fluid_token_rate_of_steady_streams_is_the_token_rate():
+    """Every request streams at exactly 20 ms per token: the minimum deadline is 20 ms (within
+    the search granularity), so the fluid rate is 50 tokens/s."""
+    gaps = fl.Ragged.from_lists([[0.02] * 50 for _ in range(10)])
+    rate = fl.fluid_token_rate(gaps)
+    assert rate == pytest.approx(50.0, rel=0.01)
+
+
+def test_miss_rate_at_target_tbt_values_falls_as_the_deadline_grows():
+    rng = np.random.default_rng(0)
+    gaps = fl.Ragged.from_lists([rng.exponential(0.03, 40) for _ in range(50)])
+    table = fl.miss_rate_at_tbt_targets(gaps)
+    assert list(table.tbt_deadline) == pytest.approx(np.arange(1, 101) / 1000)
+    assert np.all(np.diff(table.miss_rate) <= 1e-12)
+    one = [fl.deadline_counts(gaps, 0.0, 0.05, first_is_prefill=False)]
+    rates = one[0][0] / np.maximum(one[0][1], 1)
+    assert table.miss_rate[49] == pytest.approx(np.quantile(rates, 0.99))
+
+
+def test_bad_deadlines_are_rejected():
+    with pytest.raises(ValueError, match="tbt_deadline"):
+        fluidity_index([0.1], 0.1, 0.0)
+    with pytest.raises(ValueError, match="ttft_deadline"):
+        fluidity_index([0.1], -1.0, 0.05)
+
+
+def _oracle(itt, d_p, d_d, exact):
+    """Per-token transcription of metrics.md section 2 (floats, or integer nanoseconds)."""
+    if exact:
+        itt = [round(t * 1e9) for t in itt]
+        d_p, d_d = round(d_p * 1e9), round(d_d * 1e9)
+    slack = 0
+    missed = total = 0
+    for i, t in enumerate(itt):
+        d = d_p if i == 0 else d_d
+        if t <= d + slack:
+            slack += d - t
+            total += 1
+            continue
+        misses = 1 + (t - slack - d) // d_d if i == 0 else (t - slack) // d_d
+        missed += int(misses)
+        total += int(misses)
+        slack = 0
+    return missed, total
+
+
+gap = st.one_of(
+    st.sampled_from([0.0, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.3]),
+    st.floats(0.0, 0.5, allow_nan=False),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lists=st.lists(st.lists(gap, max_size=30), min_size=1, max_size=8),
+    d_p=st.sampled_from([0.0, 0.05, 0.1, 0.25]),
+    d_d=st.sampled_from([0.01, 0.03, 0.05, 0.1]),
+    exact=st.booleans(),
+)
+def test_lock_step_kernel_matches_the_per_token_oracle(lists, d_p, d_d, exact):
+    missed, total = fl.deadline_counts(fl.Ragged.from_lists(lists), d_p, d_d, exact)
+    for i, itt in enumerate(lists):
+        assert (missed[i], total[i]) == _oracle(itt, d_p, d_d, exact)
+        assert 0 <= missed[i] <= total[i]
+        index = fluidity_index(itt, d_p, d_d, exact)
+        assert index[1:] == (missed[i], total[i])
+        assert math.isclose(index[0], 1 - missed[i] / total[i] if total[i] else 1.0)
