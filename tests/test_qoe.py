@@ -1,0 +1,245 @@
+"""Latency conventions, percentile rules, Andes QoE, goodput, SLOs, the prefill curve and the
+Veeksha-compatible files (metrics.md sections 1, 3, 6, 7)."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import a10g_cost
+from cost_models import LinearStepCost
+from policies import FCFS, VTC
+from simulator import metrics
+from simulator.prefill_curve import fit_prefill_curve, profile_prefill
+from simulator.qoe import QoEConfig, qoe_summary, request_values
+from simulator.run import simulate
+from simulator.slo import SLO, evaluate_slos, parse_slos
+from simulator.veeksha_outputs import write_veeksha_metrics
+from traces import ClientSpec, Fixed, Poisson, SyntheticWorkload, Uniform
+
+
+def tables(itt_lists, prompts=None, arrivals=None):
+    """requests/tokens tables for completed requests with the given inter-token lists."""
+    n = len(itt_lists)
+    arrivals = arrivals if arrivals is not None else [10.0 * i for i in range(n)]
+    prompts = prompts if prompts is not None else [8] * n
+    req_rows, tok_rows = [], []
+    for i, itt in enumerate(itt_lists):
+        times = arrivals[i] + np.cumsum(itt)
+        req_rows.append(
+            {
+                "request_id": i,
+                "client": f"c{i % 2}",
+                "arrival": arrivals[i],
+                "prompt_len": prompts[i],
+                "output_len": len(itt),
+                "status": "completed",
+                "admitted_at": arrivals[i],
+                "finished_at": times[-1],
+                "tokens_emitted": len(itt),
+            }
+        )
+        tok_rows += [{"request_id": i, "index": k, "time": t} for k, t in enumerate(times)]
+    return pd.DataFrame(req_rows), pd.DataFrame(tok_rows)
+
+
+def test_veeksha_reference_vector_in_every_convention():
+    req, tok = tables([[0.5] + [0.15] * 10])
+    for convention in metrics.CONVENTIONS:
+        lat = metrics.per_request_latency(req, tok, convention).iloc[0]
+        assert lat.ttft == pytest.approx(0.5)
+        assert lat.e2e == pytest.approx(2.0)
+        assert lat.tpot == pytest.approx(0.15)
+        assert lat.normalized_e2e == pytest.approx(2.0 / 11)
+        assert lat.output_throughput == pytest.approx(11 / 2.0)
+
+
+def test_tpot_conventions_differ_on_one_token_requests_and_etalon_averages_gaps():
+    req, tok = tables([[0.3], [0.1, 0.2, 0.4]])
+    tpot = {c: metrics.per_request_latency(req, tok, c).tpot.tolist() for c in metrics.CONVENTIONS}
+    assert math.isnan(tpot["vllm"][0])  # vLLM drops one-token requests
+    assert tpot["veeksha"][0] == tpot["evalscope"][0] == tpot["etalon"][0] == 0.0
+    assert tpot["vllm"][1] == pytest.approx(0.3)  # (t_n - t_1)/(n - 1) = 0.6 / 2
+    assert tpot["etalon"][1] == pytest.approx(np.mean([0.2, 0.4]))
+    with pytest.raises(ValueError, match="convention"):
+        metrics.per_request_latency(req, tok, "tgi")
+
+
+def test_percentile_rules():
+    v = np.array([0.011, 0.022, 0.033, 0.044, 0.055, 0.066, 0.077, 0.088, 0.099, 0.111])
+    assert metrics.percentile(v, 90) == pytest.approx(np.percentile(v, 90))
+    assert metrics.percentile(v, 90, "evalscope") == 0.11  # sorted[int(10 * 0.9)] = 0.111
+    assert metrics.percentile(v, 50, "evalscope") == 0.07  # sorted[5] = 0.066
+    assert metrics.percentile(v, 100, "evalscope") == 0.11
+    assert math.isnan(metrics.percentile(np.array([]), 50))
+    with pytest.raises(ValueError, match="method"):
+        metrics.percentile(v, 50, "ddsketch")
+
+
+def test_andes_qoe_is_one_when_tokens_beat_the_reading_pace_and_falls_with_a_late_start():
+    fast, _ = [0.5] + [0.1] * 9, None  # 10 tok/s > 5 tok/s reading speed, TTFT 0.5 < 1 s
+    req, tok = tables([fast, [3.0] + [0.1] * 9])
+    qoe = metrics.andes_qoe(req, tok, expected_ttft=1.0, reading_speed=5.0)
+    assert qoe.iloc[0] == pytest.approx(1.0)
+    # Second: first token 2 s late; the user then reads at 0.2 s/token, so every token is 2 s
+    # behind the expected timeline: delay 10 * 2, whole = sum(3 + 0.2 i) for i = 0..9.
+    whole = sum(3.0 + 0.2 * i for i in range(10))
+    assert qoe.iloc[1] == pytest.approx(1 - 20.0 / whole)
+    with pytest.raises(ValueError, match="reading_speed"):
+        metrics.andes_qoe(req, tok, reading_speed=0)
+
+
+def test_goodput_counts_requests_meeting_every_limit_inclusively():
+    req, tok = tables([[0.5] + [0.125] * 4, [0.25], [1.5] + [0.125] * 4], arrivals=[0.0, 1.0, 2.0])
+    duration = req.finished_at.max() - 0.0
+    assert metrics.goodput(req, tok, ttft=0.5) == pytest.approx(2 / duration)  # 0.5 inclusive
+    assert metrics.goodput(req, tok, tpot=0.125) == pytest.approx(3 / duration)  # one token: 0
+    assert metrics.goodput(req, tok, ttft=0.5, e2e=0.5) == pytest.approx(1 / duration)
+
+
+def test_slo_parsing_names_the_entry_and_field():
+    with pytest.raises(ValueError, match=r"slos\[0\], field 'metric'.*accepted"):
+        parse_slos([{"metric": "latency", "percentile": 0.9, "value": 1}])
+    with pytest.raises(ValueError, match=r"slos\[1\], field 'percentile'"):
+        parse_slos(
+            [
+                {"metric": "ttfc", "percentile": 0.9, "value": 1},
+                {"metric": "ttfc", "percentile": 99, "value": 1},
+            ]
+        )
+    with pytest.raises(ValueError, match="unknown field"):
+        parse_slos([{"metric": "ttfc", "percentile": 0.9, "value": 1, "treshold": 2}])
+    (slo,) = parse_slos([{"metric": "ttfc", "percentile": 0.99, "value": 0.5}])
+    assert slo.key == "ttfc_p99" and slo.name == "ttfc_p99" and slo.lower_is_better
+
+
+def test_slo_evaluation_follows_veeksha():
+    values = {"ttfc": np.array([0.1, 0.2, 0.3, 0.4, 0.5]), "fluidity": np.array([0.8, 1, 1, 1, 1])}
+    slos = [
+        SLO("ttfc", 0.5, 0.3),  # observed exactly the threshold: met
+        SLO("ttfc", 1.0, 0.45),  # percentile >= 1: the maximum 0.5 > 0.45
+        SLO("ttfc", 0.0, 0.1),  # <= 0: the minimum
+        SLO("fluidity", 0.9, 0.85),  # 90% of requests reach the 10th percentile, 0.88
+        SLO("fluidity", 0.9, 0.9),
+        SLO("tbc", 0.99, 1.0),  # no data: not met, observed inf
+    ]
+    res = evaluate_slos(slos, values)
+    met = [r["met"] for r in res["results"]]
+    assert met == [True, False, True, True, False, False]
+    assert res["results"][3]["observed_value"] == pytest.approx(np.quantile([0.8, 1, 1, 1, 1], 0.1))
+    assert res["results"][5]["observed_value"] == math.inf
+    assert res["all_slos_met"] is False
+    assert set(res["results"][0]) == {
+        "met",
+        "slo_metric_key",
+        "observed_value",
+        "threshold",
+        "percentile",
+        "metric",
+        "name",
+        "lower_is_better",
+    }
+
+
+def test_prefill_curve_recovers_a_quadratic_cost_and_is_flat_outside_the_profile():
+    cost = LinearStepCost(
+        decode_base=0.02,
+        decode_per_seq=0.0,
+        decode_per_context_token=0.0,
+        prefill_per_token=1e-4,
+        prefill_base=0.01,
+        prefill_per_token_sq=2e-9,
+    )
+    profile = profile_prefill(cost)
+    assert list(profile.prompt_len) == [256, 512, 1024, 2048, 4096, 8192, 16384]
+    curve = fit_prefill_curve(profile)
+    assert curve([3000])[0] == pytest.approx(0.01 + 0.3 + 2e-9 * 9e6, rel=1e-6)
+    assert curve([10])[0] == curve([256])[0] and curve([10**6])[0] == curve([16384])[0]
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_prefill_curve(profile.iloc[:2])
+
+
+def overload(duration=120.0):
+    """The VTC overload suite's shape: a light client (1 req/s) and a heavy one (6 req/s)."""
+    return SyntheticWorkload(
+        clients=[
+            ClientSpec("light", Uniform(1.0), Fixed(256), Fixed(128)),
+            ClientSpec("heavy", Uniform(6.0), Fixed(256), Fixed(128)),
+        ],
+        duration=duration,
+    ).build(0)
+
+
+def test_vtc_protects_the_light_clients_fluidity_where_fcfs_does_not():
+    trace = overload()
+    cfg = QoEConfig(ttft_deadline=2.0, tbt_deadline=0.1)
+    light = {}
+    for policy in (FCFS(), VTC()):
+        tl = simulate(trace, policy, a10g_cost())
+        q = qoe_summary(tl.requests_frame(), tl.tokens_frame(), cfg)
+        light[policy.name] = q["fluidity_per_client"]["light"]["mean"]
+    assert light["vtc"] > 0.9
+    assert light["fcfs"] < 0.5
+
+
+def test_fluidity_falls_as_load_rises():
+    cfg = QoEConfig(ttft_deadline=0.5, tbt_deadline=0.04)
+    means = []
+    for rate in (0.5, 2.0, 4.0, 8.0):
+        trace = SyntheticWorkload(
+            clients=[ClientSpec("c", Poisson(rate), Fixed(200), Fixed(100))], duration=200.0
+        ).build(1)
+        tl = simulate(trace, FCFS(), a10g_cost())
+        means.append(qoe_summary(tl.requests_frame(), tl.tokens_frame(), cfg)["fluidity"]["mean"])
+    assert all(a >= b for a, b in zip(means, means[1:], strict=False)), means
+    assert means[0] > means[-1] + 0.2
+
+
+def test_veeksha_files_and_health_checks(tmp_path):
+    trace = SyntheticWorkload(
+        clients=[ClientSpec("c", Poisson(1.0), Fixed(16), Fixed(20))], duration=120.0
+    ).build(2)
+    tl = simulate(trace, FCFS(), a10g_cost())
+    req, tok, steps = tl.requests_frame(), tl.tokens_frame(), tl.steps_frame()
+    slos = parse_slos([{"metric": "ttfc", "percentile": 0.99, "value": 5.0}])
+    res = write_veeksha_metrics(tmp_path, req, tok, steps, QoEConfig(), None, slos, 1.0)
+    assert res["all_slos_met"] is True
+    rows = [json.loads(line) for line in (tmp_path / "request_level_metrics.jsonl").open()]
+    assert len(rows) == len(req)
+    r0 = rows[0]
+    assert len(r0["tbc"]) == r0["num_output_tokens"] - 1 == 19
+    assert r0["ttfc"] == pytest.approx(
+        tok.time[tok.request_id == r0["request_id"]].min() - r0["scheduler_dispatched_at"]
+    )
+    stats = json.loads((tmp_path / "prefill_stats.json").read_text())
+    assert stats["groups"]["16"]["count"] == len(req)
+    checks = json.loads((tmp_path / "health_check_results.json").read_text())
+    assert [c["passed"] for c in checks] == [True, True, True]
+    for name in ("ttfc", "tbc", "tpot", "e2e", "normalized_e2e", "fluidity"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+        row = pd.read_csv(tmp_path / f"{name}.csv")
+        assert list(row.columns) == ["p50", "p90", "p95", "p99", "min", "max", "mean"]
+    # a configured rate far from the observed one fails the dispatch-rate check
+    write_veeksha_metrics(tmp_path, req, tok, steps, QoEConfig(), None, [], 2.0)
+    assert "[FAIL] session_dispatch_rate" in (tmp_path / "health_check_results.txt").read_text()
+
+
+def test_prefill_stats_reference_vector():
+    from simulator.veeksha_outputs import prefill_stats
+
+    rows = [
+        {"num_delta_prompt_tokens": p, "ttfc": t}
+        for p, t in ((8, 0.10), (8, 0.20), (16, 0.30), (16, 0.40))
+    ]
+    groups = prefill_stats(rows)["groups"]
+    assert groups["8"]["mean"] == pytest.approx(0.15)
+    assert groups["16"]["mean"] == pytest.approx(0.35)
+
+
+def test_request_values_cover_every_slo_metric():
+    req, tok = tables([[0.2, 0.1, 0.1], [0.3, 0.05]])
+    values = request_values(req, tok, QoEConfig())
+    assert set(values) == {"ttfc", "tbc", "tpot", "e2e", "normalized_e2e", "fluidity", "miss_rate"}
+    assert sorted(values["tbc"]) == pytest.approx([0.05, 0.1, 0.1])
