@@ -1,0 +1,225 @@
+"""Capacity search on the simulator: the Python API and the `fairsim-capacity` command.
+
+The knob is the workload's mean arrival rate in requests/s (open loop): a probe at rate q runs
+the configured synthetic workload with rate_scale = q / (its configured rate at scale 1), over
+`capacity.num_requests / q` seconds when `num_requests` is set (Etalon's fixed-size runs) or the
+workload's own duration otherwise, always to completion. Etalon and Veeksha modes pass a probe
+when every SLO in `slos` is met; EvalScope mode judges its own criteria groups on metrics
+averaged over `num_runs` seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.errors import InstantiationException  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from simulator import metrics  # noqa: E402
+from simulator.capacity import (  # noqa: E402
+    SearchResult,
+    etalon_search,
+    evalscope_search,
+    parse_sla_params,
+    results_table,
+    veeksha_search,
+)
+from simulator.outputs import json_safe  # noqa: E402
+from simulator.prefill_curve import fit_prefill_curve, profile_prefill  # noqa: E402
+from simulator.qoe import QoEConfig, request_values  # noqa: E402
+from simulator.run import simulate  # noqa: E402
+from simulator.slo import evaluate_slos, parse_slos  # noqa: E402
+from traces.schema import TraceError  # noqa: E402
+from traces.synthetic import SyntheticWorkload  # noqa: E402
+
+MODES = ("etalon", "evalscope", "veeksha")
+EVALSCOPE_UPPER = 1024  # evalscope's bound when capacity.upper is null
+
+
+class SimulatedService:
+    """Runs the configured policy, engine and workload at a given arrival rate."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        workload = instantiate(cfg.workload, _convert_="all")
+        if not isinstance(workload, SyntheticWorkload):
+            raise ValueError(
+                f"capacity search over the arrival rate needs a synthetic workload "
+                f"(traces.SyntheticWorkload); got {type(workload).__name__}"
+            )
+        self.workload = dataclasses.replace(workload, rate_scale=1.0)
+        self.base_rate = self.workload.configured_rate()
+        self.cfg = cfg
+        self.cost = instantiate(cfg.cost_model, _convert_="all")
+        self.engine = instantiate(cfg.engine, _convert_="all")
+        self.qoe: QoEConfig = instantiate(cfg.qoe, _convert_="all")
+        self.curve = (
+            fit_prefill_curve(profile_prefill(self.cost, self.engine))
+            if self.qoe.ttft_deadline is None
+            else None
+        )
+        raw = cfg.get("slos")
+        self.slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
+        self.num_requests = cfg.capacity.get("num_requests")
+
+    def run(self, rate: float, seed: int) -> tuple[Any, Any]:
+        if not rate > 0:
+            raise ValueError(f"arrival rate must be > 0, got {rate}")
+        duration = self.num_requests / rate if self.num_requests else self.workload.duration
+        workload = dataclasses.replace(
+            self.workload, rate_scale=rate / self.base_rate, duration=duration
+        )
+        trace = workload.build(seed)
+        policy = instantiate(self.cfg.policy, _convert_="all")
+        timeline = simulate(trace, policy, self.cost, self.engine)
+        return timeline.requests_frame(), timeline.tokens_frame()
+
+    def check_slos(self, rate: float) -> tuple[bool, dict[str, float]]:
+        requests, tokens = self.run(rate, int(self.cfg.seed))
+        values = request_values(requests, tokens, self.qoe, self.curve)
+        res = evaluate_slos(self.slos, values)
+        measured = {r["slo_metric_key"]: r["observed_value"] for r in res["results"]}
+        return bool(res["all_slos_met"]), measured
+
+    def evalscope_metrics(self, rate: float, num_runs: int) -> dict[str, float]:
+        """EvalScope's metrics averaged over `num_runs` seeds (seed, seed + 1, ...)."""
+        runs = [self._evalscope_run(rate, int(self.cfg.seed) + k) for k in range(num_runs)]
+        return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+
+    @staticmethod
+    def _measure(requests: Any, tokens: Any) -> dict[str, float]:
+        done = requests[requests.status == "completed"]
+        lat = metrics.per_request_latency(done, tokens, "evalscope")
+        duration = float(done.finished_at.max() - requests.arrival.min()) if len(done) else 0.0
+
+        def pct(v: np.ndarray) -> float:
+            return metrics.percentile(v, 99, "evalscope")
+
+        return {
+            "success_rate": len(done) / len(requests),
+            "avg_latency": float(lat.e2e.mean()),
+            "p99_latency": pct(lat.e2e.to_numpy()),
+            "avg_ttft": float(lat.ttft.mean()),
+            "p99_ttft": pct(lat.ttft.to_numpy()),
+            "avg_tpot": float(lat.tpot.mean()),
+            "p99_tpot": pct(lat.tpot.to_numpy()),
+            "rps": len(done) / duration if duration > 0 else 0.0,
+            "tps": float(done.output_len.sum()) / duration if duration > 0 else 0.0,
+        }
+
+    def _evalscope_run(self, rate: float, seed: int) -> dict[str, float]:
+        return self._measure(*self.run(rate, seed))
+
+
+def capacity_search(cfg: DictConfig) -> list[SearchResult]:
+    """Run the configured search (`capacity.mode`); one result per criteria group."""
+    cap = cfg.capacity
+    if cap.mode not in MODES:
+        raise ValueError(f"capacity.mode: got {cap.mode!r}; accepted: {MODES}")
+    service = SimulatedService(cfg)
+    if cap.mode == "evalscope":
+        groups = parse_sla_params(OmegaConf.to_container(cap.sla_params))  # type: ignore[arg-type]
+        num_runs = int(cap.num_runs)
+        return [
+            evalscope_search(
+                lambda v: service.evalscope_metrics(float(v), num_runs),
+                group,
+                int(cap.start),
+                int(cap.lower),
+                int(cap.upper) if cap.get("upper") is not None else EVALSCOPE_UPPER,
+                "rate",
+            )
+            for group in groups
+        ]
+    if not service.slos:
+        raise ValueError(f"capacity.mode={cap.mode} needs at least one SLO in `slos`")
+    criteria = " AND ".join(
+        f"{s.key} {'<=' if s.lower_is_better else '>='} {s.value:g}" for s in service.slos
+    )
+    if cap.mode == "etalon":
+        result = etalon_search(service.check_slos, float(cap.start), int(cap.max_iterations))
+    else:
+        result = veeksha_search(
+            service.check_slos, float(cap.start), int(cap.precision), cap.get("upper")
+        )
+    result.criteria, result.variable = criteria, "rate"
+    return [result]
+
+
+def write_results(results: list[SearchResult], folder: str | Path, mode: str) -> dict[str, Any]:
+    """capacity_search_results.json (best_value, history, one row per group) and a plot of the
+    measured metric against the rate."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "mode": mode,
+        "variable": results[0].variable,
+        "best_value": results[0].best_value,
+        "note": results[0].note,
+        "history": [dataclasses.asdict(p) for p in results[0].history],
+        "groups": [
+            {
+                "criteria": r.criteria,
+                "variable": r.variable,
+                "best_value": r.best_value,
+                "note": r.note,
+                "history": [dataclasses.asdict(p) for p in r.history],
+            }
+            for r in results
+        ],
+    }
+    (out / "capacity_search_results.json").write_text(json.dumps(json_safe(doc), indent=2) + "\n")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in results:
+        key = next(iter(r.history[0].metrics), None) if r.history else None
+        if key is None:
+            continue
+        if mode == "evalscope":
+            key = r.criteria.split()[0]
+        pts = sorted((p.value, p.metrics.get(key, np.nan), p.passed) for p in r.history)
+        xs, ys, ok = zip(*pts, strict=True)
+        ax.plot(xs, ys, "-", color="0.6", lw=1)
+        ax.scatter(xs, ys, c=["tab:green" if o else "tab:red" for o in ok], zorder=3)
+        ax.set_ylabel(key)
+    ax.set_xlabel("arrival rate (requests/s)")
+    ax.set_title("capacity search probes (green: pass, red: fail)")
+    fig.tight_layout()
+    fig.savefig(out / "capacity_search.png", dpi=90)
+    plt.close(fig)
+    return doc
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="capacity")
+def _main(cfg: DictConfig) -> None:
+    out_dir = HydraConfig.get().runtime.output_dir
+    try:
+        results = capacity_search(cfg)
+    except (InstantiationException, TraceError, ValueError) as err:
+        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
+        print(f"fairsim-capacity: error: {cause}", file=sys.stderr)
+        sys.exit(2)
+    write_results(results, out_dir, cfg.capacity.mode)
+    for r in results:
+        print(f"search history ({r.criteria}):")
+        for p in r.history:
+            print(
+                f"  rate {p.value:g}: {'pass' if p.passed else 'fail'}  "
+                + ", ".join(f"{k}={v:.4g}" for k, v in p.metrics.items())
+            )
+    print(results_table(results))
+    print(f"results: {out_dir}/capacity_search_results.json")
+
+
+def main() -> None:
+    _main()

@@ -1,0 +1,146 @@
+"""Capacity-search drivers against analytic pass/fail functions with known thresholds, and one
+end-to-end search on the simulator checked against a direct sweep."""
+
+import json
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+
+from simulator.capacity import (
+    Condition,
+    etalon_search,
+    evalscope_search,
+    parse_sla_params,
+    results_table,
+    veeksha_search,
+)
+from simulator.capacity_run import SimulatedService, capacity_search, write_results
+
+
+def below(threshold):
+    return lambda x: (x <= threshold, {"x": x})
+
+
+@pytest.mark.parametrize("start", [0.5, 3.0, 7.0, 40.0])
+@pytest.mark.parametrize("threshold", [1.37, 6.5, 12.0])
+def test_etalon_search_brackets_the_threshold_from_above_and_below(start, threshold):
+    res = etalon_search(below(threshold), start)
+    assert res.best_value is not None and res.best_value <= threshold
+    assert len(res.history) <= 20
+    fails = [p.value for p in res.history if not p.passed]
+    # converged: within 2.5% of the threshold or at the 0.01 grid, and never past it
+    assert threshold - res.best_value <= max(0.025 * threshold, 0.011) + 1e-9
+    assert all(f > threshold for f in fails)
+
+
+def test_etalon_search_reports_when_nothing_passes():
+    res = etalon_search(below(-1.0), 2.0)
+    assert res.best_value is None and res.note == "no probed load met the SLO"
+    with pytest.raises(ValueError, match="start"):
+        etalon_search(below(1.0), 0.0)
+
+
+@pytest.mark.parametrize("start", [1, 5, 17, 100])
+@pytest.mark.parametrize("threshold", [1, 9, 33, 64])
+def test_veeksha_search_finds_the_exact_integer_threshold(start, threshold):
+    res = veeksha_search(below(threshold), start)
+    assert res.best_value == threshold or (start > threshold and res.best_value == threshold)
+    probed = [p.value for p in res.history]
+    assert len(probed) == len(set(probed))
+
+
+def test_veeksha_search_on_a_float_grid_and_its_bounds():
+    assert veeksha_search(below(2.37), 0.5, precision=2).best_value == pytest.approx(2.37)
+    assert veeksha_search(below(1e9), 1, upper=40).note == "passed at the upper bound"
+    assert veeksha_search(below(0.001), 1).best_value is None
+
+
+def measure_ttft(threshold_rate):
+    """p99_ttft grows with the rate and crosses 2.0 exactly at `threshold_rate`."""
+    return lambda v: {
+        "p99_ttft": 2.0 * v / threshold_rate,
+        "tps": -((v - 37) ** 2) + 5000.0,
+        "success_rate": 1.0,
+    }
+
+
+@pytest.mark.parametrize("start", [1, 4, 50])
+def test_evalscope_search_integer_threshold_from_either_side(start):
+    group = [Condition("p99_ttft", "<=", 2.0)]
+    res = evalscope_search(measure_ttft(23), group, start, lower=1, upper=100)
+    assert res.best_value == 23 and res.note == "Satisfied"
+
+
+def test_evalscope_lower_and_upper_bound_notes_and_failed_requests():
+    group = [Condition("p99_ttft", "<", 0.01)]
+    res = evalscope_search(measure_ttft(23), group, 16, lower=10, upper=40)
+    assert res.best_value is None and res.note == "Failed at lower bound (10)"
+    ok = [Condition("p99_ttft", "<=", 1e9)]
+    assert evalscope_search(measure_ttft(23), ok, 2, 1, 40).note == "Reached upper bound"
+
+    def lossy(v):  # every metric fine, but requests fail above 12
+        return {"p99_ttft": 0.0, "success_rate": 1.0 if v <= 12 else 0.99}
+
+    assert evalscope_search(lossy, ok, 2, 1, 100).best_value == 12
+
+
+def test_evalscope_groups_are_anded_within_and_searched_separately():
+    groups = parse_sla_params([{"p99_ttft": "<=2", "tps": ">=3000"}, {"p99_ttft": "<1"}])
+    assert [len(g) for g in groups] == [2, 1]
+    m = measure_ttft(23)
+    both = evalscope_search(m, groups[0], 4, 1, 100)
+    assert both.best_value == 23  # tps >= 3000 holds up to 81; the TTFT bound binds first
+    second = evalscope_search(m, groups[1], 4, 1, 100)
+    assert second.best_value == 11  # 2 v / 23 < 1  <=>  v <= 11
+    table = results_table([both, second])
+    assert "| Criteria" in table and "p99_ttft <= 2 AND tps >= 3000" in table
+
+
+def test_evalscope_extremum_finds_the_peak_of_a_unimodal_metric():
+    (group,) = parse_sla_params([{"tps": "max"}])
+    for start in (1, 5, 30, 64):
+        res = evalscope_search(measure_ttft(23), group, start, 1, 200)
+        assert res.best_value == 37, start
+        assert res.note.startswith("Best tps: 5000")
+
+
+def test_sla_params_grammar_errors():
+    with pytest.raises(ValueError, match="accepted: <=, >=, <, >"):
+        parse_sla_params([{"p99_ttft": "=2"}])
+    with pytest.raises(ValueError, match="extremum"):
+        parse_sla_params([{"tps": "max", "p99_ttft": "<2"}])
+    with pytest.raises(ValueError, match="non-empty"):
+        parse_sla_params([])
+
+
+def capacity_cfg(*overrides):
+    with initialize_config_module("conf", version_base="1.3"):
+        return compose("capacity", overrides=list(overrides))
+
+
+def test_end_to_end_etalon_search_agrees_with_a_direct_sweep(tmp_path):
+    cfg = capacity_cfg("capacity.num_requests=300", "capacity.start=1.0")
+    (res,) = capacity_search(cfg)
+    assert res.best_value is not None
+    service = SimulatedService(cfg)
+    # the search's answer passes; the direct sweep's first failure above it is within Etalon's
+    # 2.5% stopping tolerance (or the 0.01 grid) of it
+    assert service.check_slos(res.best_value)[0]
+    sweep = np.round(np.arange(res.best_value, 2 * res.best_value, 0.01), 2)
+    first_fail = next(r for r in sweep if not service.check_slos(float(r))[0])
+    assert first_fail - res.best_value <= max(0.025 * res.best_value, 0.01) + 0.011
+    doc = write_results([res], tmp_path, "etalon")
+    saved = json.loads((tmp_path / "capacity_search_results.json").read_text())
+    assert saved["best_value"] == res.best_value == doc["best_value"]
+    assert len(saved["history"]) == len(res.history)
+    assert (tmp_path / "capacity_search.png").stat().st_size > 0
+
+
+def test_capacity_search_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="capacity.mode"):
+        capacity_search(capacity_cfg("capacity.mode=bisect"))
+    with pytest.raises(ValueError, match="needs at least one SLO"):
+        capacity_search(capacity_cfg("slos=[]"))
+    with pytest.raises(ValueError, match="synthetic workload"):
+        SimulatedService(capacity_cfg("workload=vtc_artifact"))
