@@ -199,30 +199,28 @@ def evalscope_search(
 
     if group[0].op in ("max", "min"):
         return _extremum(metrics_at, group[0], start, lower, upper, variable, history)
-    if passes(start):
-        last_pass, first_fail = start, None
-        v = start
-        while v < upper:
+    last_pass: int | None = None
+    first_fail: int | None = None
+    if passes(start):  # double until the first failure or the upper bound
+        last_pass = v = start
+        while v < upper and first_fail is None:
             nxt = min(2 * v, upper)
             if passes(nxt):
                 last_pass = v = nxt
             else:
                 first_fail = nxt
-                break
-        if first_fail is None:
-            return SearchResult(criteria, variable, last_pass, "Reached upper bound", history)
-    else:
-        first_fail, v, last_pass = start, start, None
-        while v > lower:
+    else:  # halve until a pass or the lower bound
+        first_fail = v = start
+        while v > lower and last_pass is None:
             nxt = max(v // 2, lower)
             if passes(nxt):
                 last_pass = nxt
-                break
-            first_fail = v = nxt
-        if last_pass is None:
-            return SearchResult(
-                criteria, variable, None, f"Failed at lower bound ({lower})", history
-            )
+            else:
+                first_fail = v = nxt
+    if last_pass is None:
+        return SearchResult(criteria, variable, None, f"Failed at lower bound ({lower})", history)
+    if first_fail is None:
+        return SearchResult(criteria, variable, last_pass, "Reached upper bound", history)
     while first_fail - last_pass > 1:
         mid = (last_pass + first_fail) // 2
         if passes(mid):

@@ -69,6 +69,29 @@ def test_cli_runs_and_prints_a_per_client_table(tmp_path):
     assert "Max Diff" in res.stdout and "VTC" in res.stdout and "FCFS" in res.stdout
     summary = json.loads(Path(tmp_path / "run" / "summary.json").read_text())
     assert summary["status_counts"]["completed"] == 45 + 90
+    assert set(summary["qoe"]["fluidity_per_client"]) == {"client0", "client1"}
+    assert summary["slo_results"] == {"all_slos_met": True, "results": []}
+    rows = (tmp_path / "run" / "metrics" / "request_level_metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 45 + 90
+
+
+def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
+    res = fairsim(
+        "workload.duration=30",
+        "compare_with=null",
+        "veeksha_metrics=false",
+        "qoe.ttft_deadline=null",
+        "slos=[{metric: ttfc, percentile: 0.5, value: 1000}, {metric: fluidity, percentile: 0.9,"
+        " value: 1.01}]",
+        f"hydra.run.dir={tmp_path}/run",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(Path(tmp_path / "run" / "summary.json").read_text())
+    assert [r["met"] for r in summary["slo_results"]["results"]] == [True, False]
+    curve = summary["qoe"]["deadlines"]["ttft"]["prefill_curve"]
+    assert curve["min_prompt"] == 256 and curve["max_prompt"] == 16384
+    assert not (tmp_path / "run" / "metrics").exists()
 
 
 @pytest.mark.parametrize(
@@ -78,6 +101,7 @@ def test_cli_runs_and_prints_a_per_client_table(tmp_path):
         (["no_such_key=1"], "no_such_key"),
         (["engine.pool_tokens=-5"], "engine.pool_tokens must be an integer >= 1"),
         (["workload.duration=0"], "duration must be > 0"),
+        (["slos=[{metric: latency, percentile: 0.9, value: 1}]"], "slos[0], field 'metric'"),
     ],
 )
 def test_cli_bad_options_fail_with_a_clear_message(tmp_path, args, message):
