@@ -94,7 +94,7 @@ class SimulatedService:
 
     def evalscope_metrics(self, rate: float, num_runs: int) -> dict[str, float]:
         """EvalScope's metrics averaged over `num_runs` seeds (seed, seed + 1, ...)."""
-        runs = [self._evalscope_run(rate, int(self.cfg.seed) + k) for k in range(num_runs)]
+        runs = [self._measure(*self.run(rate, int(self.cfg.seed) + k)) for k in range(num_runs)]
         return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
     @staticmethod
@@ -117,9 +117,6 @@ class SimulatedService:
             "rps": len(done) / duration if duration > 0 else 0.0,
             "tps": float(done.output_len.sum()) / duration if duration > 0 else 0.0,
         }
-
-    def _evalscope_run(self, rate: float, seed: int) -> dict[str, float]:
-        return self._measure(*self.run(rate, seed))
 
 
 def capacity_search(cfg: DictConfig) -> list[SearchResult]:

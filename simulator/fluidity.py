@@ -53,6 +53,12 @@ class Ragged:
         values = np.concatenate(flat) if flat else np.empty(0)
         return cls(values.astype(np.float64), lengths)
 
+    def take(self, rows: np.ndarray) -> Ragged:
+        """The lists of `rows` (repeats allowed), in that order."""
+        lengths = self.lengths[rows]
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return Ragged(self.values[np.repeat(self.offsets[rows], lengths) + within], lengths)
+
     def drop_first(self) -> Ragged:
         """Each list without its first entry (Etalon's `should_ignore_first_token`)."""
         keep = np.ones(self.values.shape[0], dtype=bool)
@@ -151,25 +157,18 @@ def min_tbt_deadline(
     left = np.zeros(n)
     right = np.full(n, SEARCH_HIGH)
     best = np.full(n, SEARCH_HIGH)
-    offsets = gaps.offsets
     while True:
         rows = np.flatnonzero(right - left > SEARCH_GRANULARITY)
         if rows.size == 0:
             return best
         mid = (left[rows] + right[rows]) / 2
-        sub = _select(gaps, offsets, rows)
+        sub = gaps.take(rows)
         missed, total = deadline_counts(sub, d_p[rows], mid, exact, first_is_prefill)
         fails = _rate(missed, total) > target_miss_rate
         left[rows[fails]] = mid[fails] + SEARCH_GRANULARITY
         ok = rows[~fails]
         best[ok] = mid[~fails]
         right[ok] = mid[~fails] - SEARCH_GRANULARITY
-
-
-def _select(gaps: Ragged, offsets: np.ndarray, rows: np.ndarray) -> Ragged:
-    lengths = gaps.lengths[rows]
-    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return Ragged(gaps.values[np.repeat(offsets[rows], lengths) + within], lengths)
 
 
 def fluid_token_rate(decode_gaps: Ragged, exact: bool = False) -> float:
@@ -198,7 +197,7 @@ def miss_rate_at_tbt_targets(
     for lo in range(0, k, per_chunk):
         chunk = targets[lo : lo + per_chunk]
         rows = np.tile(np.arange(n), chunk.shape[0])
-        repeated = _select(decode_gaps, decode_gaps.offsets, rows)
+        repeated = decode_gaps.take(rows)
         missed, total = deadline_counts(repeated, 0.0, np.repeat(chunk, n), exact, False)
         rates[lo : lo + chunk.shape[0]] = _rate(missed, total).reshape(chunk.shape[0], n)
     return pd.DataFrame(

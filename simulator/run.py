@@ -82,7 +82,15 @@ def add_qoe(
         workload = instantiate(cfg.workload, _convert_="all")
         rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
         results = write_veeksha_metrics(
-            Path(out_dir, "metrics"), r, t, outputs.steps, qoe_cfg, curve, slos, rate
+            Path(out_dir, "metrics"),
+            r,
+            t,
+            outputs.steps,
+            qoe_cfg,
+            curve,
+            slos,
+            rate,
+            fluid_token_rate=outputs.summary["qoe"]["fluid_token_rate"],
         )
     else:
         results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve))

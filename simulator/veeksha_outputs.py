@@ -107,14 +107,19 @@ def prefill_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"metric": "ttfc", "group_by": "target_num_delta_prompt_tokens", "groups": groups}
 
 
+def observed_rate(requests: pd.DataFrame) -> float:
+    """Arrivals per second between the first and the last arrival (NaN with < 2 arrivals)."""
+    span = float(requests.arrival.max() - requests.arrival.min()) if len(requests) > 1 else 0.0
+    return (len(requests) - 1) / span if span > 0 else float("nan")
+
+
 def health_checks(
     requests: pd.DataFrame, steps: pd.DataFrame, configured_rate: float | None
 ) -> list[dict[str, Any]]:
     """Arrival rate against the configured rate; emitted and prefilled lengths against the
     requested ones."""
     checks: list[dict[str, Any]] = []
-    span = float(requests.arrival.max() - requests.arrival.min()) if len(requests) > 1 else 0.0
-    observed = (len(requests) - 1) / span if span > 0 else float("nan")
+    observed = observed_rate(requests)
     if configured_rate is None:
         checks.append(
             {
@@ -166,8 +171,10 @@ def write_veeksha_metrics(
     curve: PrefillCurve | None = None,
     slos: list[SLO] | None = None,
     configured_rate: float | None = None,
+    fluid_token_rate: float | None = None,
 ) -> dict[str, Any]:
-    """Write every file; return slo_results (also written) for the caller's summary."""
+    """Write every file; return slo_results (also written) for the caller's summary.
+    `fluid_token_rate`: pass the one already computed for summary.json (it costs a bisection)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     rows = request_level_rows(requests, tokens, cfg, curve)
@@ -175,7 +182,6 @@ def write_veeksha_metrics(
         for row in rows:
             f.write(json.dumps(json_safe(row)) + "\n")
     errored = int(requests.status.isin(["rejected", "refused"]).sum())
-    span = float(requests.arrival.max() - requests.arrival.min()) if len(requests) > 1 else 0.0
     _dump(
         out / "summary_stats.json",
         {
@@ -183,18 +189,20 @@ def write_veeksha_metrics(
             "Number of Completed Requests": len(rows),
             "Number of Errored Requests": errored,
             "Error Rate": errored / len(requests) if len(requests) else 0.0,
-            "Observed Session Dispatch Rate": (len(requests) - 1) / span if span > 0 else None,
+            "Observed Session Dispatch Rate": observed_rate(requests),
         },
     )
     values = request_values(requests, tokens, cfg, curve)
     tpot, tbc = values["tpot"], values["tbc"]
     _, gaps = metrics.inter_token_gaps(requests, tokens)
+    if fluid_token_rate is None:
+        fluid_token_rate = fluidity.fluid_token_rate(gaps.drop_first(), cfg.exact)
     _dump(
         out / "throughput_metrics.json",
         {
             "tpot_based_throughput": 1.0 / tpot.mean() if tpot.size and tpot.mean() > 0 else None,
             "tbc_based_throughput": 1.0 / np.quantile(tbc, 0.99) if tbc.size else None,
-            "fluid_token_generation_rate": fluidity.fluid_token_rate(gaps.drop_first(), cfg.exact),
+            "fluid_token_generation_rate": fluid_token_rate,
         },
     )
     _dump(out / "prefill_stats.json", prefill_stats(rows))
