@@ -75,6 +75,18 @@ def format_fairness(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_qoe(summary: dict[str, Any]) -> str:
+    """One line per client of the fluidity-index, then the run's fluid token rate."""
+    q = summary["qoe"]
+    d = q["deadlines"]
+    ttft = d["ttft"] if not isinstance(d["ttft"], dict) else "prefill curve + slack"
+    lines = [f"fluidity-index (D_p {ttft} s, D_d {d['tbt']} s; completed requests)"]
+    for client, f in [*q["fluidity_per_client"].items(), ("all", q["fluidity"])]:
+        lines.append(f"  {client:<12} mean {_fmt(f['mean'])}  p10 {_fmt(f['p10'])}")
+    lines.append(f"fluid token generation rate: {_fmt(q['fluid_token_rate'], 1)} tokens/s")
+    return "\n".join(lines)
+
+
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
@@ -87,6 +99,9 @@ def _main(cfg: DictConfig) -> None:
     print(format_summary(outputs.summary))
     print()
     print(format_fairness(outputs.summary))
+    if "qoe" in outputs.summary:
+        print()
+        print(format_qoe(outputs.summary))
     print(f"run folder: {out_dir}")
 
 

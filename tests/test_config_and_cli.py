@@ -67,6 +67,8 @@ def test_cli_runs_and_prints_a_per_client_table(tmp_path):
     assert "client0" in res.stdout and "client1" in res.stdout and "TTFT" in res.stdout
     assert "tokens/s" in res.stdout
     assert "Max Diff" in res.stdout and "VTC" in res.stdout and "FCFS" in res.stdout
+    assert "fluidity-index (D_p 0.1 s, D_d 0.05 s" in res.stdout
+    assert "fluid token generation rate" in res.stdout
     summary = json.loads(Path(tmp_path / "run" / "summary.json").read_text())
     assert summary["status_counts"]["completed"] == 45 + 90
     assert set(summary["qoe"]["fluidity_per_client"]) == {"client0", "client1"}
