@@ -2,7 +2,7 @@
 
 Each driver is a pure function of a `check` (or `measure`) callable, so it is tested against
 analytic pass/fail functions and runs unchanged on the simulator (simulator/capacity_run.py).
-- `etalon_search`: Etalon's adaptive bisection over a float QPS.
+- `etalon_search`: Etalon's adaptive bisection over a float QPS (or an integer, e.g. users).
 - `evalscope_search`: EvalScope's SLA auto-tune over an integer knob, one search per criteria
   group, with its extremum (`max`/`min`) mode.
 - `veeksha_search`: Veeksha's exponential probe then integer bisection (floats via 10^precision).
@@ -47,10 +47,13 @@ class SearchResult:
     history: list[Probe] = field(default_factory=list)
 
 
-def etalon_search(check: Check, start: float, max_iterations: int = 20) -> SearchResult:
-    """left = 0, right = 2 start; probe round((left + right) / 2, 2); a pass above 80% of right
-    doubles right (capped by the smallest failure); stop when the bracket is within 2.5% of the
-    last probe, when a probe repeats, or after `max_iterations` probes."""
+def etalon_search(
+    check: Check, start: float, max_iterations: int = 20, decimals: int = 2
+) -> SearchResult:
+    """left = 0, right = 2 start; probe round((left + right) / 2, decimals); a pass above 80% of
+    right doubles right (capped by the smallest failure); stop when the bracket is within 2.5% of
+    the last probe, when a probe repeats, or after `max_iterations` probes. Etalon rounds QPS to
+    2 decimals; `decimals=0` searches the integers (a number of concurrent users)."""
     if not start > 0:
         raise ValueError(f"capacity.start must be > 0, got {start}")
     left, right = 0.0, 2.0 * start
@@ -62,9 +65,9 @@ def etalon_search(check: Check, start: float, max_iterations: int = 20) -> Searc
         if history and abs(left - right) < ETALON_STOP_FRACTION * history[-1].value:
             note = "converged (bracket within 2.5% of the last probe)"
             break
-        qps = round((left + right) / 2, 2)
+        qps = round((left + right) / 2, decimals) if decimals else round((left + right) / 2)
         if qps <= 0 or any(p.value == qps for p in history):
-            note = "converged (probe repeated at 0.01 resolution)"
+            note = f"converged (probe repeated at {10.0**-decimals:g} resolution)"
             break
         passed, measured = check(qps)
         history.append(Probe(qps, passed, measured))

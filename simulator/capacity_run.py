@@ -1,11 +1,16 @@
 """Capacity search on the simulator: the Python API and the `fairsim-capacity` command.
 
-The knob is the workload's mean arrival rate in requests/s (open loop): a probe at rate q runs
-the configured synthetic workload with rate_scale = q / (its configured rate at scale 1), over
-`capacity.num_requests / q` seconds when `num_requests` is set (Etalon's fixed-size runs) or the
-workload's own duration otherwise, always to completion. Etalon and Veeksha modes pass a probe
-when every SLO in `slos` is met; EvalScope mode judges its own criteria groups on metrics
-averaged over `num_runs` seeds.
+The knob (`capacity.variable`) is either
+- `rate`, the workload's mean arrival rate in requests/s (open loop): a probe at rate q runs the
+  configured synthetic workload with rate_scale = q / (its configured rate at scale 1), over
+  `capacity.num_requests / q` seconds when `num_requests` is set (Etalon's fixed-size runs) or
+  the workload's own duration otherwise; or
+- `concurrency`, the number of users of a closed loop (traces.ClosedLoop): each user sends its
+  next request when the previous one ends, `capacity.num_requests` requests in all. A synthetic
+  workload is wrapped (its clients give the users' lengths, `capacity.think_time` their think
+  time); a ClosedLoop workload keeps its own settings and only its `users` change.
+Every probe runs to completion. Etalon and Veeksha modes pass a probe when every SLO in `slos`
+is met; EvalScope mode judges its own criteria groups on metrics averaged over `num_runs` seeds.
 """
 
 from __future__ import annotations
@@ -41,25 +46,27 @@ from simulator.prefill_curve import fit_prefill_curve, profile_prefill  # noqa: 
 from simulator.qoe import QoEConfig, request_values  # noqa: E402
 from simulator.run import simulate  # noqa: E402
 from simulator.slo import evaluate_slos, parse_slos  # noqa: E402
-from traces.schema import TraceError  # noqa: E402
+from traces.closed_loop import ClosedLoop  # noqa: E402
+from traces.schema import Trace, TraceError  # noqa: E402
 from traces.synthetic import SyntheticWorkload  # noqa: E402
 
 MODES = ("etalon", "evalscope", "veeksha")
+VARIABLES = {"rate": "arrival rate (requests/s)", "concurrency": "concurrent users"}
 EVALSCOPE_UPPER = 1024  # evalscope's bound when capacity.upper is null
 
 
 class SimulatedService:
-    """Runs the configured policy, engine and workload at a given arrival rate."""
+    """Runs the configured policy, engine and workload at a given load (rate or users)."""
 
     def __init__(self, cfg: DictConfig) -> None:
-        workload = instantiate(cfg.workload, _convert_="all")
-        if not isinstance(workload, SyntheticWorkload):
+        cap = cfg.capacity
+        self.variable = cap.get("variable", "rate")
+        if self.variable not in VARIABLES:
             raise ValueError(
-                f"capacity search over the arrival rate needs a synthetic workload "
-                f"(traces.SyntheticWorkload); got {type(workload).__name__}"
+                f"capacity.variable: got {self.variable!r}; accepted: {tuple(VARIABLES)}"
             )
-        self.workload = dataclasses.replace(workload, rate_scale=1.0)
-        self.base_rate = self.workload.configured_rate()
+        self.num_requests = cap.get("num_requests")
+        self.workload = self._workload(instantiate(cfg.workload, _convert_="all"), cap)
         self.cfg = cfg
         self.cost = instantiate(cfg.cost_model, _convert_="all")
         self.engine = instantiate(cfg.engine, _convert_="all")
@@ -71,30 +78,71 @@ class SimulatedService:
         )
         raw = cfg.get("slos")
         self.slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
-        self.num_requests = cfg.capacity.get("num_requests")
 
-    def run(self, rate: float, seed: int) -> tuple[Any, Any]:
-        if not rate > 0:
-            raise ValueError(f"arrival rate must be > 0, got {rate}")
-        duration = self.num_requests / rate if self.num_requests else self.workload.duration
-        workload = dataclasses.replace(
-            self.workload, rate_scale=rate / self.base_rate, duration=duration
+    def _workload(self, workload: Any, cap: DictConfig) -> SyntheticWorkload | ClosedLoop:
+        kind = type(workload).__name__
+        if self.variable == "rate":
+            if not isinstance(workload, SyntheticWorkload):
+                raise ValueError(
+                    "capacity.variable=rate needs an open-loop synthetic workload "
+                    f"(traces.SyntheticWorkload); got {kind} (closed loops: "
+                    "capacity.variable=concurrency)"
+                )
+            return dataclasses.replace(workload, rate_scale=1.0)
+        if isinstance(workload, ClosedLoop):
+            if self.num_requests:
+                workload = dataclasses.replace(workload, num_requests=int(self.num_requests))
+            return workload
+        if not isinstance(workload, SyntheticWorkload):
+            raise ValueError(
+                "capacity.variable=concurrency needs a traces.SyntheticWorkload or "
+                f"traces.ClosedLoop workload; got {kind}"
+            )
+        if not self.num_requests:
+            raise ValueError("capacity.variable=concurrency needs capacity.num_requests >= 1")
+        return ClosedLoop(
+            workload,
+            users=1,
+            num_requests=int(self.num_requests),
+            think_time=float(cap.get("think_time", 0.0)),
+            name=f"{workload.name} (closed loop)",
         )
-        trace = workload.build(seed)
+
+    def trace(self, value: float, seed: int) -> Trace:
+        """The workload at load `value`: an arrival rate, or a number of users."""
+        if isinstance(self.workload, ClosedLoop):
+            users = int(value)
+            if users != value or users < 1:
+                raise ValueError(f"concurrency must be an integer >= 1, got {value}")
+            if users > self.workload.num_requests:
+                raise ValueError(
+                    f"concurrency {users} exceeds the {self.workload.num_requests} requests per "
+                    "probe; raise capacity.num_requests"
+                )
+            return dataclasses.replace(self.workload, users=users).build(seed)
+        if not value > 0:
+            raise ValueError(f"arrival rate must be > 0, got {value}")
+        base = self.workload  # at rate_scale 1
+        duration = self.num_requests / value if self.num_requests else base.duration
+        scale = value / base.configured_rate()
+        return dataclasses.replace(base, rate_scale=scale, duration=duration).build(seed)
+
+    def run(self, value: float, seed: int) -> tuple[Any, Any]:
+        trace = self.trace(value, seed)
         policy = instantiate(self.cfg.policy, _convert_="all")
         timeline = simulate(trace, policy, self.cost, self.engine)
         return timeline.requests_frame(), timeline.tokens_frame()
 
-    def check_slos(self, rate: float) -> tuple[bool, dict[str, float]]:
-        requests, tokens = self.run(rate, int(self.cfg.seed))
+    def check_slos(self, value: float) -> tuple[bool, dict[str, float]]:
+        requests, tokens = self.run(value, int(self.cfg.seed))
         values = request_values(requests, tokens, self.qoe, self.curve)
         res = evaluate_slos(self.slos, values)
         measured = {r["slo_metric_key"]: r["observed_value"] for r in res["results"]}
         return bool(res["all_slos_met"]), measured
 
-    def evalscope_metrics(self, rate: float, num_runs: int) -> dict[str, float]:
+    def evalscope_metrics(self, value: float, num_runs: int) -> dict[str, float]:
         """EvalScope's metrics averaged over `num_runs` seeds (seed, seed + 1, ...)."""
-        runs = [self._measure(*self.run(rate, int(self.cfg.seed) + k)) for k in range(num_runs)]
+        runs = [self._measure(*self.run(value, int(self.cfg.seed) + k)) for k in range(num_runs)]
         return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
     @staticmethod
@@ -135,7 +183,7 @@ def capacity_search(cfg: DictConfig) -> list[SearchResult]:
                 int(cap.start),
                 int(cap.lower),
                 int(cap.upper) if cap.get("upper") is not None else EVALSCOPE_UPPER,
-                "rate",
+                service.variable,
             )
             for group in groups
         ]
@@ -144,13 +192,15 @@ def capacity_search(cfg: DictConfig) -> list[SearchResult]:
     criteria = " AND ".join(
         f"{s.key} {'<=' if s.lower_is_better else '>='} {s.value:g}" for s in service.slos
     )
+    integer = service.variable == "concurrency"
     if cap.mode == "etalon":
-        result = etalon_search(service.check_slos, float(cap.start), int(cap.max_iterations))
-    else:
-        result = veeksha_search(
-            service.check_slos, float(cap.start), int(cap.precision), cap.get("upper")
+        result = etalon_search(
+            service.check_slos, float(cap.start), int(cap.max_iterations), 0 if integer else 2
         )
-    result.criteria, result.variable = criteria, "rate"
+    else:
+        precision = 0 if integer else int(cap.precision)
+        result = veeksha_search(service.check_slos, float(cap.start), precision, cap.get("upper"))
+    result.criteria, result.variable = criteria, service.variable
     return [result]
 
 
@@ -189,7 +239,7 @@ def write_results(results: list[SearchResult], folder: str | Path, mode: str) ->
         ax.plot(xs, ys, "-", color="0.6", lw=1)
         ax.scatter(xs, ys, c=["tab:green" if o else "tab:red" for o in ok], zorder=3)
         ax.set_ylabel(key)
-    ax.set_xlabel("arrival rate (requests/s)")
+    ax.set_xlabel(VARIABLES.get(results[0].variable, results[0].variable))
     ax.set_title("capacity search probes (green: pass, red: fail)")
     fig.tight_layout()
     fig.savefig(out / "capacity_search.png", dpi=90)
@@ -211,7 +261,7 @@ def _main(cfg: DictConfig) -> None:
         print(f"search history ({r.criteria}):")
         for p in r.history:
             print(
-                f"  rate {p.value:g}: {'pass' if p.passed else 'fail'}  "
+                f"  {r.variable} {p.value:g}: {'pass' if p.passed else 'fail'}  "
                 + ", ".join(f"{k}={v:.4g}" for k, v in p.metrics.items())
             )
     print(results_table(results))

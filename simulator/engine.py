@@ -10,7 +10,11 @@ KV accounting is token-granular: a running request holds prompt + generated - 1 
 token's KV is written by the next decode step), at most prompt + output - 1, freed on finish.
 
 Event order at one instant: arrivals up to time t are processed before the effects (tokens,
-charges, finishes) of the step ending at t, and the scheduler decides after both.
+charges, finishes) of the step ending at t, and the scheduler decides after both. Arrivals are
+taken in (time, row) order.
+
+Chained traces (closed-loop users, multi-call interactions): a call arrives `think_time` after its
+predecessor ends, so its arrival time is only known then; it is recorded in the timeline.
 
 Fast-forward: when nothing can change the schedule (no finish, and no consultation of the
 scheduler that could admit) the engine computes many decode steps in one vectorised go; arrivals
@@ -111,8 +115,15 @@ class SLoRAEngine:
         self.prompt = trace.prompt_len
         self.output = trace.output_len
         self.client = trace.client
+        # arrival times as they happen (NaN until then); chained calls wait for their predecessor
+        before = trace.predecessor()
+        self.arrival = np.where(before < 0, trace.arrival, np.nan)
+        self._successor = {int(b): r for r, b in enumerate(before.tolist()) if b >= 0}
+        self._think = [] if trace.think_time is None else trace.think_time.tolist()
         # Python scalars: fast access in the loop
-        self._arrival = trace.arrival.tolist()
+        self._scheduled = np.flatnonzero(before < 0).tolist()  # rows with a known time, in order
+        self._scheduled_at = self.arrival[self._scheduled].tolist()
+        self._released: list[tuple[float, int]] = []  # heap: (time, row) of chained calls
         self._prompt, self._output = trace.prompt_len.tolist(), trace.output_len.tolist()
         self._client_of = trace.client.tolist()
         self.queue = WaitingQueue(self._client_of)
@@ -133,7 +144,7 @@ class SLoRAEngine:
         self.decodes = 0  # decode steps so far
         self.wait_steps = 0  # decode steps since the last prefill (capped at max_wait_tokens)
         self.kv_used = 0
-        self.next_row = 0  # next trace row to arrive
+        self.next_scheduled = 0  # index into _scheduled of the next one to arrive
         self.finished = 0
 
     # ---- public -------------------------------------------------------------------------
@@ -158,6 +169,7 @@ class SLoRAEngine:
         )
         return Timeline(
             trace=self.trace,
+            arrival=self.arrival,
             status=self.status,
             reason=np.where(self.status == COMPLETED, np.array(None), self.reason),
             admitted_at=self.admitted_at,
@@ -194,9 +206,9 @@ class SLoRAEngine:
                     yield from self._prefill(env, batch)
                     continue
             if not self.running.shape[0]:
-                if self.next_row >= len(self.trace):
+                nxt = self._next_arrival()
+                if nxt == np.inf:
                     return
-                nxt = self._arrival[self.next_row]
                 if cfg.horizon is not None and nxt > cfg.horizon:
                     return
                 yield env.timeout(max(0.0, nxt - env.now))
@@ -210,7 +222,7 @@ class SLoRAEngine:
             self.now,
             self.finished,
             len(t),
-            t.arrival,
+            self.arrival,
             t.output_len,
             self.first_token_at,
             self.finished_at,
@@ -219,31 +231,59 @@ class SLoRAEngine:
     def _ingest(self, until: float) -> None:
         """Process every arrival with time <= `until` (and within the horizon), in order."""
         limit = until if self.cfg.horizon is None else min(until, self.cfg.horizon)
-        arrival, n = self._arrival, len(self._arrival)
-        while self.next_row < n and arrival[self.next_row] <= limit:
-            self._arrive(self.next_row)
-            self.next_row += 1
+        while self._next_arrival() <= limit:
+            self._arrive(*self._pop_arrival())
 
-    def _arrive(self, req: int) -> None:
+    def _next_arrival(self) -> float:
+        """Time of the next arrival known so far (inf: none)."""
+        i = self.next_scheduled
+        t = self._scheduled_at[i] if i < len(self._scheduled_at) else np.inf
+        if self._released and self._released[0][0] <= t:
+            return self._released[0][0]
+        return t
+
+    def _pop_arrival(self) -> tuple[int, float]:
+        """The next arrival (row, time), taken in (time, row) order."""
+        i = self.next_scheduled
+        if self._released and (
+            i >= len(self._scheduled)
+            or self._released[0] < (self._scheduled_at[i], self._scheduled[i])
+        ):
+            t, req = heapq.heappop(self._released)
+            self.arrival[req] = t
+            return req, t
+        self.next_scheduled += 1
+        return self._scheduled[i], self._scheduled_at[i]
+
+    def _release_successor(self, req: int, ended_at: float) -> None:
+        """A chained trace's next call of `req`'s interaction is sent after the think time."""
+        nxt = self._successor.get(req)
+        if nxt is not None:
+            heapq.heappush(self._released, (ended_at + self._think[nxt], nxt))
+
+    def _arrive(self, req: int, now: float) -> None:
         cfg = self.cfg
         p, o = int(self.prompt[req]), int(self.output[req])
         if p + o + 1 > cfg.pool_tokens - cfg.reserve_per_client:
-            self._end(req, REFUSED, "kv_pool_too_small")
+            self._end(req, now, REFUSED, "kv_pool_too_small")
             return
         if p > cfg.batch_max_tokens:
-            self._end(req, REFUSED, "prompt_exceeds_batch_max_tokens")
+            self._end(req, now, REFUSED, "prompt_exceeds_batch_max_tokens")
             return
-        rejection = self.policy.on_arrival(req, self._arrival[req], self.queue)
+        rejection = self.policy.on_arrival(req, now, self.queue)
         if rejection is not None:
-            self._end(req, REJECTED, rejection)
+            self._end(req, now, REJECTED, rejection)
             return
         self.reason[req] = "queued"
         self.queue.push(req)
 
-    def _end(self, req: int, status: int, reason: str | None) -> None:
+    def _end(self, req: int, now: float, status: int, reason: str | None) -> None:
+        """Refused or rejected at its arrival."""
         self.status[req] = status
         self.reason[req] = reason
         self.finished += 1
+        if self._successor:
+            self._release_successor(req, now)
 
     # ---- admission ----------------------------------------------------------------------
     def _form_batch(self) -> list[int]:
@@ -340,9 +380,10 @@ class SLoRAEngine:
             context = self.kv_used + n * np.arange(1, k + 1, dtype=np.int64)  # KV read per step
             ends = np.cumsum(np.concatenate(([self.now], self.cost.decode_times(n, context))))[1:]
         room = n < cfg.running_max_req_size
-        if room and not len(self.queue) and self.next_row < len(self._arrival):
+        nxt = self._next_arrival()
+        if room and not len(self.queue) and nxt < np.inf:
             # stop at the step whose end sees the next arrival, unless still inside the wait
-            seen = int(np.searchsorted(ends, self._arrival[self.next_row], side="left")) + 1
+            seen = int(np.searchsorted(ends, nxt, side="left")) + 1
             k = min(k, max(cfg.max_wait_tokens - self.wait_steps, seen))
         if cfg.horizon is not None:  # no step starts at or after the horizon (now < horizon)
             k = min(k, 1 + int(np.searchsorted(ends[: k - 1], cfg.horizon, side="left")))
@@ -380,14 +421,13 @@ class SLoRAEngine:
         clients = self._run_cols["client"]
         done = 0
         limit = last if cfg.horizon is None else min(last, cfg.horizon)
-        arrival, n_rows = self._arrival, len(self._arrival)
-        while self.next_row < n_rows and arrival[self.next_row] <= limit:
-            j = int(np.searchsorted(ends, arrival[self.next_row], side="left"))
+        while self._next_arrival() <= limit:
+            req, t = self._pop_arrival()
+            j = int(np.searchsorted(ends, t, side="left"))
             if j > done:  # steps ending before this arrival take effect first
                 self.policy.on_decode(self.running, clients, ends[done:j])
                 done = j
-            self._arrive(self.next_row)
-            self.next_row += 1
+            self._arrive(req, t)
         self.policy.on_decode(self.running, clients, ends[done:])
 
         self.steps.append_run(self.now, ends, DECODE, n, n, self.kv_used + n, n)
@@ -425,6 +465,8 @@ class SLoRAEngine:
                 del self.running_clients[c]
         for req in rows:
             self.policy.on_finish(req, self.now)
+            if self._successor:
+                self._release_successor(req, self.now)
 
     def _set_running(self, rows: np.ndarray) -> None:
         """Replace the running set, caching its per-request columns for the hot path."""

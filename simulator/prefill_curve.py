@@ -72,7 +72,7 @@ def profile_prefill(
     )
     timeline = SLoRAEngine(trace, FCFS(), cost_model, isolated).run()
     return pd.DataFrame(
-        {"prompt_len": trace.prompt_len, "ttft": timeline.first_token_at - trace.arrival}
+        {"prompt_len": trace.prompt_len, "ttft": timeline.first_token_at - timeline.arrival}
     )
 
 

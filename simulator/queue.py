@@ -1,6 +1,7 @@
 """The waiting queue the engine owns: per-client FIFO lanes plus the global arrival order.
 
-Requests are row indices of the trace, so a smaller index is an earlier (arrival, id).
+Requests are row indices of the trace. The global order is the order of `push` (the engine pushes
+in arrival order), not the row index: in a chained trace a later row can arrive first.
 Policies read it (`oldest`, `head`, `waiting_clients`) and the engine removes what it admits.
 """
 
@@ -14,7 +15,8 @@ class WaitingQueue:
     def __init__(self, client_of: list[int]) -> None:
         self._client_of = client_of
         self._lanes: dict[int, deque[int]] = {}
-        self._heap: list[int] = []
+        self._heap: list[int] = []  # push sequence numbers
+        self._pushed: list[int] = []  # request of each sequence number
         self._removed: set[int] = set()
         self._size = 0
         self.last_left_client: int | None = None  # the client whose request last left the queue
@@ -24,15 +26,16 @@ class WaitingQueue:
 
     def push(self, req: int) -> None:
         self._lanes.setdefault(self._client_of[req], deque()).append(req)
-        heapq.heappush(self._heap, req)
+        heapq.heappush(self._heap, len(self._pushed))
+        self._pushed.append(req)
         self._size += 1
 
     def oldest(self) -> int | None:
         """The earliest waiting request over all clients (FCFS order)."""
-        heap = self._heap
-        while heap and heap[0] in self._removed:
-            self._removed.discard(heapq.heappop(heap))
-        return heap[0] if heap else None
+        heap, pushed = self._heap, self._pushed
+        while heap and pushed[heap[0]] in self._removed:
+            self._removed.discard(pushed[heapq.heappop(heap)])
+        return pushed[heap[0]] if heap else None
 
     def head(self, client: int) -> int | None:
         lane = self._lanes.get(client)
@@ -55,7 +58,3 @@ class WaitingQueue:
         self._removed.add(req)
         self._size -= 1
         self.last_left_client = client
-
-    def requests(self) -> list[int]:
-        """Every waiting request, in arrival order."""
-        return sorted(r for lane in self._lanes.values() for r in lane)

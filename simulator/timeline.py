@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from traces.schema import Trace
+from traces.schema import OPTIONAL_INT_COLUMNS, Trace
 
 STATUSES = ("completed", "rejected", "refused", "in_flight")
 COMPLETED, REJECTED, REFUSED, IN_FLIGHT = range(4)
@@ -79,6 +79,7 @@ class Timeline:
     """The result of one engine run over `trace` (rows align with the trace's rows)."""
 
     trace: Trace
+    arrival: np.ndarray  # when each request arrived (NaN: never; chained calls differ from trace)
     status: np.ndarray  # int8 codes into STATUSES
     reason: np.ndarray  # object: str or None
     admitted_at: np.ndarray
@@ -127,12 +128,18 @@ class Timeline:
         return rows, index, time
 
     def requests_frame(self) -> pd.DataFrame:
+        """One row per request; a trace's optional columns (interactions, think times) follow."""
         t = self.trace
+        optional = {
+            name: getattr(t, name)
+            for name in (*OPTIONAL_INT_COLUMNS, "think_time")
+            if getattr(t, name) is not None
+        }
         return pd.DataFrame(
             {
                 "request_id": t.request_id,
                 "client": pd.Categorical.from_codes(t.client, categories=list(t.client_names)),
-                "arrival": t.arrival,
+                "arrival": self.arrival,
                 "prompt_len": t.prompt_len,
                 "output_len": t.output_len,
                 "status": pd.Categorical.from_codes(self.status, categories=list(STATUSES)),
@@ -141,6 +148,7 @@ class Timeline:
                 "first_token_at": self.first_token_at,
                 "finished_at": self.finished_at,
                 "tokens_emitted": self.generated,
+                **optional,
             }
         )
 

@@ -41,6 +41,18 @@ def test_etalon_search_reports_when_nothing_passes():
         etalon_search(below(1.0), 0.0)
 
 
+@pytest.mark.parametrize("start", [1, 3, 20, 70])
+@pytest.mark.parametrize("threshold", [1, 2, 13, 50])
+def test_etalon_search_on_integers_finds_the_exact_threshold(start, threshold):
+    res = etalon_search(below(threshold), start, decimals=0)
+    assert all(isinstance(p.value, int) for p in res.history)
+    # integer bisection stops when the midpoint repeats: the bracket is [threshold, threshold+1]
+    # unless the 2.5% rule stops it first
+    assert res.best_value is not None and res.best_value <= threshold
+    assert threshold - res.best_value <= 0.025 * threshold + 1e-9
+    assert etalon_search(below(0), start, decimals=0).best_value is None
+
+
 @pytest.mark.parametrize("start", [1, 5, 17, 100])
 @pytest.mark.parametrize("threshold", [1, 9, 33, 64])
 def test_veeksha_search_finds_the_exact_integer_threshold(start, threshold):
@@ -137,6 +149,50 @@ def test_end_to_end_etalon_search_agrees_with_a_direct_sweep(tmp_path):
     assert (tmp_path / "capacity_search.png").stat().st_size > 0
 
 
+def test_end_to_end_concurrency_search_agrees_with_a_direct_sweep(tmp_path):
+    """Closed-loop users: Veeksha's search lands on the last passing user count of a sweep
+    over 1, 2, ... (the miss rate grows with the users here, so the sweep's first failure is
+    the search's answer + 1)."""
+    cfg = capacity_cfg(
+        "capacity.variable=concurrency",
+        "capacity.mode=veeksha",
+        "capacity.start=2",
+        "capacity.num_requests=200",
+    )
+    (res,) = capacity_search(cfg)
+    assert res.variable == "concurrency" and res.best_value is not None
+    service = SimulatedService(cfg)
+    passes = [service.check_slos(users)[0] for users in range(1, int(res.best_value) + 2)]
+    assert all(passes[:-1]) and not passes[-1]
+    assert all(float(p.value).is_integer() for p in res.history)
+    write_results([res], tmp_path, "veeksha")
+    saved = json.loads((tmp_path / "capacity_search_results.json").read_text())
+    assert saved["variable"] == "concurrency" and saved["best_value"] == res.best_value
+
+
+def test_concurrency_probes_build_closed_loops_of_that_many_users():
+    service = SimulatedService(
+        capacity_cfg("capacity.variable=concurrency", "capacity.num_requests=50")
+    )
+    trace = service.trace(7, seed=0)
+    assert trace.chained and len(trace) == 50 and trace.interaction_id.max() == 6
+    with pytest.raises(ValueError, match="concurrency must be an integer"):
+        service.trace(2.5, seed=0)
+    with pytest.raises(ValueError, match="exceeds the 50 requests"):
+        service.trace(51, seed=0)
+    # a ClosedLoop workload keeps its think time; only the users change
+    cl = SimulatedService(
+        capacity_cfg(
+            "workload=closed_loop_chat",
+            "workload.think_time=2.0",
+            "capacity.variable=concurrency",
+            "capacity.num_requests=30",
+        )
+    )
+    t = cl.trace(3, seed=0)
+    assert len(t) == 30 and set(t.think_time[t.call_index > 0]) == {2.0}
+
+
 def test_capacity_search_rejects_bad_configuration():
     with pytest.raises(ValueError, match="capacity.mode"):
         capacity_search(capacity_cfg("capacity.mode=bisect"))
@@ -144,3 +200,11 @@ def test_capacity_search_rejects_bad_configuration():
         capacity_search(capacity_cfg("slos=[]"))
     with pytest.raises(ValueError, match="synthetic workload"):
         SimulatedService(capacity_cfg("workload=vtc_artifact"))
+    with pytest.raises(ValueError, match="capacity.variable: got 'users'"):
+        SimulatedService(capacity_cfg("capacity.variable=users"))
+    with pytest.raises(ValueError, match="closed loops: capacity.variable=concurrency"):
+        SimulatedService(capacity_cfg("workload=closed_loop_chat"))
+    with pytest.raises(ValueError, match="needs capacity.num_requests"):
+        SimulatedService(
+            capacity_cfg("capacity.variable=concurrency", "capacity.num_requests=null")
+        )

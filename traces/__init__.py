@@ -1,6 +1,7 @@
 """Requests: the validated `Trace` schema and seeded synthetic workload generators."""
 
 from traces.arrivals import Gamma, LinearRamp, OnOff, Phase, Piecewise, Poisson, Uniform
+from traces.closed_loop import ClosedLoop
 from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
 from traces.schema import Trace, TraceError
 from traces.synthetic import ClientSpec, SyntheticWorkload
@@ -11,6 +12,7 @@ __all__ = [
     "VTCRealTrace",
     "load_vtc_real",
     "ClientSpec",
+    "ClosedLoop",
     "Empirical",
     "Fixed",
     "Gamma",

@@ -6,6 +6,7 @@ error names the source, the row and the field, and says what is accepted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -87,6 +88,7 @@ class Trace:
     call_index: np.ndarray | None = None
     num_calls: np.ndarray | None = None
     system_prompt_len: np.ndarray | None = None
+    think_time: np.ndarray | None = None  # chained arrivals: see `predecessor`
     source: str = field(default="<trace>", compare=False)
 
     def __len__(self) -> int:
@@ -113,6 +115,7 @@ class Trace:
         client_names: Sequence[str] | None = None,
         app: Sequence[object] | np.ndarray | None = None,
         optional: Mapping[str, Sequence[int] | np.ndarray] | None = None,
+        think_time: Sequence[float] | np.ndarray | None = None,
         source: str = "<trace>",
         sort: bool = False,
     ) -> Trace:
@@ -120,7 +123,8 @@ class Trace:
 
         `client` may hold names or integers (kept as names); codes follow `client_names` when
         given (so idle clients keep their place), else the order of first appearance.
-        Unsorted arrivals are an error unless `sort=True` asks to sort them.
+        Unsorted arrivals are an error unless `sort=True` asks to sort them. `think_time` makes
+        the trace chained (needs `interaction_id` and `call_index`; see `predecessor`).
         """
         arrival_arr = _float_column(arrival, "arrival", source)
         n = arrival_arr.shape[0]
@@ -133,6 +137,8 @@ class Trace:
             cols["request_id"] = request_id
         if app is not None:
             cols["app"] = app
+        if think_time is not None:
+            cols["think_time"] = think_time
         for name, values in {**cols, **(optional or {})}.items():
             length = len(values)  # type: ignore[arg-type]
             if length != n:
@@ -184,6 +190,9 @@ class Trace:
         def take(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[order]
 
+        think = None if think_time is None else _float_column(think_time, "think_time", source)
+        if think is not None:
+            _check_chains(extra.get("interaction_id"), extra.get("call_index"), source)
         return cls(
             request_id=ids[order],
             client=client_codes[order],
@@ -198,11 +207,58 @@ class Trace:
             call_index=take(extra.get("call_index")),
             num_calls=take(extra.get("num_calls")),
             system_prompt_len=take(extra.get("system_prompt_len")),
+            think_time=take(think),
             source=source,
         )
 
     def client_of(self, name: str) -> int:
         return self.client_names.index(name)
+
+    @property
+    def chained(self) -> bool:
+        return self.think_time is not None
+
+    def predecessor(self) -> np.ndarray:
+        """Per row, the row it waits for (-1: none). In a chained trace a call with
+        `call_index` k > 0 is sent `think_time` seconds after call k - 1 of its interaction
+        ends (completes, or is rejected or refused), so its `arrival` column is not used; in an
+        open-loop trace every request arrives at its `arrival`."""
+        before = np.full(len(self), -1, dtype=np.int64)
+        if self.think_time is None:
+            return before
+        assert self.interaction_id is not None and self.call_index is not None
+        order = np.lexsort((self.call_index, self.interaction_id))
+        follows = (np.diff(self.interaction_id[order]) == 0) & (self.call_index[order][1:] > 0)
+        before[order[1:][follows]] = order[:-1][follows]
+        return before
+
+    def open_loop(self) -> Trace:
+        """The same requests, each sent at its `arrival` time (chaining dropped)."""
+        return dataclasses.replace(self, think_time=None)
+
+
+def _check_chains(interaction: np.ndarray | None, call: np.ndarray | None, source: str) -> None:
+    """A chained trace needs interactions whose calls are numbered 0, 1, ... without gaps."""
+    for name, col in (("interaction_id", interaction), ("call_index", call)):
+        if col is None:
+            raise _fail(source, None, name, "missing", "a column when 'think_time' is given")
+    assert interaction is not None and call is not None
+    order = np.lexsort((call, interaction))
+    first = np.concatenate(([True], np.diff(interaction[order]) != 0))
+    expected = np.arange(order.shape[0]) - np.maximum.accumulate(
+        np.where(first, np.arange(order.shape[0]), 0)
+    )
+    bad = np.flatnonzero(call[order] != expected)
+    if bad.size:
+        row = int(order[bad[0]])
+        raise _fail(
+            source,
+            row,
+            "call_index",
+            int(call[row]),
+            f"calls of interaction {int(interaction[row])} numbered 0, 1, 2, ... without gaps "
+            f"or repeats (expected {int(expected[bad[0]])})",
+        )
 
 
 def _codes(
