@@ -98,6 +98,18 @@ class SLoRAConfig:
             raise ValueError(f"engine.horizon must be null or a number > 0, got {self.horizon!r}")
 
 
+REFUSALS = ("kv_pool_too_small", "prompt_exceeds_batch_max_tokens")
+
+
+def unfit_requests(trace: Trace, cfg: SLoRAConfig) -> dict[str, int]:
+    """How many requests the engine will refuse at arrival, by reason (the checks of `_arrive`,
+    in the same order), so a run can report them before it starts."""
+    too_big = trace.prompt_len + trace.output_len + 1 > cfg.pool_tokens - cfg.reserve_per_client
+    too_long = ~too_big & (trace.prompt_len > cfg.batch_max_tokens)
+    counts = dict(zip(REFUSALS, (int(too_big.sum()), int(too_long.sum())), strict=True))
+    return {reason: n for reason, n in counts.items() if n}
+
+
 class SLoRAEngine:
     """Runs one trace through the engine as a SimPy process and records its timeline."""
 
@@ -265,10 +277,10 @@ class SLoRAEngine:
         cfg = self.cfg
         p, o = int(self.prompt[req]), int(self.output[req])
         if p + o + 1 > cfg.pool_tokens - cfg.reserve_per_client:
-            self._end(req, now, REFUSED, "kv_pool_too_small")
+            self._end(req, now, REFUSED, REFUSALS[0])
             return
         if p > cfg.batch_max_tokens:
-            self._end(req, now, REFUSED, "prompt_exceeds_batch_max_tokens")
+            self._end(req, now, REFUSED, REFUSALS[1])
             return
         rejection = self.policy.on_arrival(req, now, self.queue)
         if rejection is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cost_models.base import StepCostModel
 from policies.base import Policy
-from simulator.engine import Progress, SLoRAConfig, SLoRAEngine
+from simulator.engine import Progress, SLoRAConfig, SLoRAEngine, unfit_requests
 from simulator.fairness import fairness_summary, tick_span
 from simulator.outputs import RunOutputs, json_safe, write_run
 from simulator.prefill_curve import fit_prefill_curve, profile_prefill
@@ -50,9 +51,19 @@ def run_config(
     engine = instantiate(cfg.engine, _convert_="all")
     raw_slos = cfg.get("slos")
     slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
+    unfit = unfit_requests(trace, engine)
+    if unfit:
+        counts = ", ".join(f"{n} {reason}" for reason, n in unfit.items())
+        print(
+            f"fairsim: {sum(unfit.values())} of {len(trace)} requests can never fit the engine "
+            f"and will be refused ({counts})",
+            file=sys.stderr,
+        )
     timeline = simulate(trace, policy, cost, engine, progress)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     outputs = write_run(timeline, out_dir, resolved)
+    outputs.summary["unfit_requests"] = unfit
+    Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
     if cfg.get("qoe"):
         add_qoe(cfg, outputs, out_dir, cost, engine, slos)
     other = cfg.get("compare_with")

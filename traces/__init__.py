@@ -1,13 +1,45 @@
-"""Requests: the validated `Trace` schema and seeded synthetic workload generators."""
+"""Requests: the validated `Trace` schema, seeded synthetic workloads, trace-file loaders and
+transforms, and built-in tenant mixes."""
 
 from traces.arrivals import Gamma, LinearRamp, OnOff, Phase, Piecewise, Poisson, Uniform
 from traces.closed_loop import ClosedLoop
 from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
+from traces.loaders import load, load_azure, load_mooncake, load_table, load_vidur, load_vtc_real
+from traces.mixes import arena_like, servegen_like
+from traces.replay import LengthsWorkload, Tenants, TraceWorkload
 from traces.schema import Trace, TraceError
+from traces.servegen import ServeGenPool
 from traces.synthetic import ClientSpec, SyntheticWorkload
-from traces.vtc_suites import ArtifactSuite, VTCRealTrace, load_vtc_real
+from traces.transforms import (
+    AssignClients,
+    FilterLengths,
+    SampleRescale,
+    ScaleTokens,
+    ScaleToRate,
+    Window,
+    merge,
+)
+from traces.vtc_suites import ArtifactSuite, VTCRealTrace
 
 __all__ = [
+    "AssignClients",
+    "FilterLengths",
+    "LengthsWorkload",
+    "SampleRescale",
+    "ScaleToRate",
+    "ScaleTokens",
+    "ServeGenPool",
+    "Tenants",
+    "TraceWorkload",
+    "Window",
+    "arena_like",
+    "load",
+    "load_azure",
+    "load_mooncake",
+    "load_table",
+    "load_vidur",
+    "merge",
+    "servegen_like",
     "ArtifactSuite",
     "VTCRealTrace",
     "load_vtc_real",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ def _fail(source: str, row: int | None, fieldname: str, got: object, accepted: s
     return TraceError(f"{where}field '{fieldname}': got {got!r}; accepted: {accepted}")
 
 
-def _int_column(values: object, name: str, source: str, minimum: int) -> np.ndarray:
+def int_column(values: object, name: str, source: str, minimum: int) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise _fail(source, None, name, f"shape {arr.shape}", "a 1-D column")
@@ -49,7 +50,7 @@ def _int_column(values: object, name: str, source: str, minimum: int) -> np.ndar
     return out
 
 
-def _float_column(values: object, name: str, source: str) -> np.ndarray:
+def float_column(values: object, name: str, source: str) -> np.ndarray:
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
@@ -89,6 +90,7 @@ class Trace:
     num_calls: np.ndarray | None = None
     system_prompt_len: np.ndarray | None = None
     think_time: np.ndarray | None = None  # chained arrivals: see `predecessor`
+    block_hashes: np.ndarray | None = None  # object: per row, the prompt's KV block hash ids
     source: str = field(default="<trace>", compare=False)
 
     def __len__(self) -> int:
@@ -116,6 +118,7 @@ class Trace:
         app: Sequence[object] | np.ndarray | None = None,
         optional: Mapping[str, Sequence[int] | np.ndarray] | None = None,
         think_time: Sequence[float] | np.ndarray | None = None,
+        block_hashes: Sequence[np.ndarray] | np.ndarray | None = None,
         source: str = "<trace>",
         sort: bool = False,
     ) -> Trace:
@@ -126,7 +129,7 @@ class Trace:
         Unsorted arrivals are an error unless `sort=True` asks to sort them. `think_time` makes
         the trace chained (needs `interaction_id` and `call_index`; see `predecessor`).
         """
-        arrival_arr = _float_column(arrival, "arrival", source)
+        arrival_arr = float_column(arrival, "arrival", source)
         n = arrival_arr.shape[0]
         cols: dict[str, object] = {
             "client": client,
@@ -139,6 +142,8 @@ class Trace:
             cols["app"] = app
         if think_time is not None:
             cols["think_time"] = think_time
+        if block_hashes is not None:
+            cols["block_hashes"] = block_hashes
         for name, values in {**cols, **(optional or {})}.items():
             length = len(values)  # type: ignore[arg-type]
             if length != n:
@@ -148,19 +153,19 @@ class Trace:
         ids = (
             np.arange(n, dtype=np.int64)
             if request_id is None
-            else _int_column(request_id, "request_id", source, 0)
+            else int_column(request_id, "request_id", source, 0)
         )
         if np.unique(ids).shape[0] != n:
             u, counts = np.unique(ids, return_counts=True)
             dup = int(u[np.argmax(counts > 1)])
             row = int(np.flatnonzero(ids == dup)[1])
             raise _fail(source, row, "request_id", dup, "unique request ids")
-        prompt = _int_column(prompt_len, "prompt_len", source, 1)
-        output = _int_column(output_len, "output_len", source, 1)
+        prompt = int_column(prompt_len, "prompt_len", source, 1)
+        output = int_column(output_len, "output_len", source, 1)
         client_codes, names = _codes(client, "client", source, client_names)
         app_codes, app_names = (None, ()) if app is None else _codes(app, "app", source)
         extra = {
-            name: _int_column(values, name, source, 0) for name, values in (optional or {}).items()
+            name: int_column(values, name, source, 0) for name, values in (optional or {}).items()
         }
         unknown = set(extra) - set(OPTIONAL_INT_COLUMNS)
         if unknown:
@@ -190,7 +195,7 @@ class Trace:
         def take(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[order]
 
-        think = None if think_time is None else _float_column(think_time, "think_time", source)
+        think = None if think_time is None else float_column(think_time, "think_time", source)
         if think is not None:
             _check_chains(extra.get("interaction_id"), extra.get("call_index"), source)
         return cls(
@@ -208,6 +213,7 @@ class Trace:
             num_calls=take(extra.get("num_calls")),
             system_prompt_len=take(extra.get("system_prompt_len")),
             think_time=take(think),
+            block_hashes=None if block_hashes is None else _object_column(block_hashes)[order],
             source=source,
         )
 
@@ -232,9 +238,33 @@ class Trace:
         before[order[1:][follows]] = order[:-1][follows]
         return before
 
+    def take(self, rows: np.ndarray, **columns: Any) -> Trace:
+        """The trace restricted to `rows` (which must keep the time order), with any field
+        replaced by a value in `columns` (per-row columns already restricted)."""
+        per_row = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), np.ndarray) and f.name != "client_weight"
+        }
+        new = {k: v[rows] for k, v in per_row.items() if k not in columns}
+        out = dataclasses.replace(self, **new, **columns)
+        if out.think_time is not None:
+            _check_chains(out.interaction_id, out.call_index, self.source)
+        if np.any(np.diff(out.arrival) < 0):
+            raise ValueError("Trace.take: rows must keep arrival order")
+        return out
+
     def open_loop(self) -> Trace:
         """The same requests, each sent at its `arrival` time (chaining dropped)."""
         return dataclasses.replace(self, think_time=None)
+
+
+def _object_column(values: Sequence[object] | np.ndarray) -> np.ndarray:
+    """A 1-D object column, even when every row holds a list of the same length."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = np.asarray(v, dtype=np.int64)
+    return out
 
 
 def _check_chains(interaction: np.ndarray | None, call: np.ndarray | None, source: str) -> None:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from traces.schema import Trace, TraceError
+from traces.loaders import load_vtc_real
+from traces.schema import Trace
 
 MODES = (
     "uniform",
@@ -212,28 +212,3 @@ class VTCRealTrace:
 
     def build(self, seed: int) -> Trace:
         return load_vtc_real(self.resolve())
-
-
-def load_vtc_real(path: str | Path) -> Trace:
-    """Read the VTC real-trace CSV (req_id, arrival_s, client, prompt_len, output_len)."""
-    source = str(path)
-    try:
-        frame = pd.read_csv(path)
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise TraceError(
-            f"{source}: not a readable CSV ({err}); accepted: UTF-8 CSV with a header"
-        ) from err
-    expected = ["req_id", "arrival_s", "client", "prompt_len", "output_len"]
-    missing = [c for c in expected if c not in frame.columns]
-    if missing:
-        raise TraceError(
-            f"{source}: missing column(s) {missing}; accepted: a header with {expected}"
-        )
-    return Trace.from_columns(
-        request_id=frame["req_id"].to_numpy(),
-        client=frame["client"].astype(str).to_numpy(dtype=object),
-        arrival=frame["arrival_s"].to_numpy(),
-        prompt_len=frame["prompt_len"].to_numpy(),
-        output_len=frame["output_len"].to_numpy(),
-        source=source,
-    )
