@@ -32,7 +32,7 @@ def resolve_path(path: str | Path, what: str = "trace file") -> Path:
     p = Path(path)
     candidates = [p] if p.is_absolute() else [p, PROJECT_ROOT / p]
     for c in candidates:
-        if c.is_file():
+        if c.exists():
             return c
     looked = ", ".join(str(c) for c in candidates)
     raise TraceError(f"{path}: {what} not found (looked in {looked})")
@@ -41,6 +41,8 @@ def resolve_path(path: str | Path, what: str = "trace file") -> Path:
 def read_table(path: str | Path, fmt: str | None = None) -> pd.DataFrame:
     """Read a CSV (UTF-8, header row), Parquet or JSONL (one JSON object per line) file."""
     p = resolve_path(path)
+    if not p.is_file():
+        raise TraceError(f"{p}: not a file; accepted: a {'/'.join(TABLE_FORMATS)} file")
     fmt = fmt or SUFFIX_FORMAT.get(p.suffix.lower())
     if fmt not in TABLE_FORMATS:
         raise TraceError(
@@ -114,15 +116,14 @@ def require(frame: pd.DataFrame, columns: list[str], source: str) -> None:
 
 
 def numbers(frame: pd.DataFrame, column: str, source: str) -> np.ndarray:
-    """A numeric column as float64; the first non-numeric or missing cell is an error."""
+    """A numeric column as float64; the first non-numeric, missing or infinite cell is an error."""
     values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-    bad = np.isnan(values)
+    bad = ~np.isfinite(values)
     if bad.any():
         row = int(np.argmax(bad))
-        raise TraceError(
-            f"{source}: row {row}, field {column!r}: got {frame[column].iloc[row]!r}; accepted: a "
-            "number"
-        )
+        cell = frame[column].iloc[row]
+        cell = cell.item() if isinstance(cell, np.generic) else cell
+        raise TraceError(f"{source}: row {row}, field {column!r}: got {cell!r}; accepted: a number")
     return values
 
 
@@ -130,19 +131,19 @@ def check_times(times: np.ndarray, source: str, field: str, sort: bool, duplicat
     """Timestamps must increase: unsorted is an error unless sorting was asked for, equal
     neighbours unless `duplicates` allows them."""
     order = np.argsort(times, kind="stable") if sort else np.arange(times.shape[0])
-    t = times[order]
-    back = np.flatnonzero(np.diff(t) < 0)
+    t = times[order].tolist()
+    back = np.flatnonzero(np.diff(times[order]) < 0)
     if back.size:
         row = int(back[0] + 1)
         raise TraceError(
             f"{source}: row {row}, field {field!r}: got {t[row]!r} after {t[row - 1]!r}; "
             "accepted: non-decreasing timestamps (or sort=true to sort them)"
         )
-    same = np.flatnonzero(np.diff(t) == 0)
+    same = np.flatnonzero(np.diff(times[order]) == 0)
     if same.size and not duplicates:
         row = int(order[same[0] + 1])
         raise TraceError(
-            f"{source}: row {row}, field {field!r}: timestamp {times[row]!r} repeats the "
+            f"{source}: row {row}, field {field!r}: timestamp {t[same[0] + 1]!r} repeats the "
             "previous row's; accepted: strictly increasing timestamps (or duplicates=true)"
         )
 
@@ -217,7 +218,8 @@ def load_azure(
     source = str(path)
     frame = read_table(path, "csv")
     require(frame, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], source)
-    stamps = pd.to_datetime(frame["TIMESTAMP"], errors="coerce", format="%Y-%m-%d %H:%M:%S.%f")
+    text = frame["TIMESTAMP"].astype(str)
+    stamps = pd.to_datetime(text, errors="coerce", format="%Y-%m-%d %H:%M:%S.%f")
     bad = stamps.isna().to_numpy()
     if bad.any():
         row = int(np.argmax(bad))

@@ -147,3 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
