@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import heapq
 import time as wallclock
+from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
@@ -98,16 +99,21 @@ class SLoRAConfig:
             raise ValueError(f"engine.horizon must be null or a number > 0, got {self.horizon!r}")
 
 
-REFUSALS = ("kv_pool_too_small", "prompt_exceeds_batch_max_tokens")
+def refusals(trace: Trace, cfg: SLoRAConfig) -> np.ndarray:
+    """Per request, why the engine can never run it (None: it can): its peak KV need exceeds the
+    pool less one reservation, or its prompt exceeds the prefill budget."""
+    too_big = trace.prompt_len + trace.output_len + 1 > cfg.pool_tokens - cfg.reserve_per_client
+    too_long = trace.prompt_len > cfg.batch_max_tokens
+    reason = np.full(len(trace), None, dtype=object)
+    reason[too_long] = "prompt_exceeds_batch_max_tokens"
+    reason[too_big] = "kv_pool_too_small"  # checked first
+    return reason
 
 
 def unfit_requests(trace: Trace, cfg: SLoRAConfig) -> dict[str, int]:
-    """How many requests the engine will refuse at arrival, by reason (the checks of `_arrive`,
-    in the same order), so a run can report them before it starts."""
-    too_big = trace.prompt_len + trace.output_len + 1 > cfg.pool_tokens - cfg.reserve_per_client
-    too_long = ~too_big & (trace.prompt_len > cfg.batch_max_tokens)
-    counts = dict(zip(REFUSALS, (int(too_big.sum()), int(too_long.sum())), strict=True))
-    return {reason: n for reason, n in counts.items() if n}
+    """How many requests the engine will refuse at arrival, by reason, so a run can report them
+    before it starts."""
+    return dict(sorted(Counter(r for r in refusals(trace, cfg).tolist() if r is not None).items()))
 
 
 class SLoRAEngine:
@@ -138,6 +144,7 @@ class SLoRAEngine:
         self._released: list[tuple[float, int]] = []  # heap: (time, row) of chained calls
         self._prompt, self._output = trace.prompt_len.tolist(), trace.output_len.tolist()
         self._client_of = trace.client.tolist()
+        self._refusal = refusals(trace, config).tolist()
         self.queue = WaitingQueue(self._client_of)
         self.status = np.full(n, IN_FLIGHT, dtype=np.int8)
         self.reason = np.full(n, "not_arrived", dtype=object)
@@ -274,13 +281,9 @@ class SLoRAEngine:
             heapq.heappush(self._released, (ended_at + self._think[nxt], nxt))
 
     def _arrive(self, req: int, now: float) -> None:
-        cfg = self.cfg
-        p, o = int(self.prompt[req]), int(self.output[req])
-        if p + o + 1 > cfg.pool_tokens - cfg.reserve_per_client:
-            self._end(req, now, REFUSED, REFUSALS[0])
-            return
-        if p > cfg.batch_max_tokens:
-            self._end(req, now, REFUSED, REFUSALS[1])
+        refusal = self._refusal[req]
+        if refusal is not None:
+            self._end(req, now, REFUSED, refusal)
             return
         rejection = self.policy.on_arrival(req, now, self.queue)
         if rejection is not None:

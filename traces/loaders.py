@@ -131,20 +131,20 @@ def check_times(times: np.ndarray, source: str, field: str, sort: bool, duplicat
     """Timestamps must increase: unsorted is an error unless sorting was asked for, equal
     neighbours unless `duplicates` allows them."""
     order = np.argsort(times, kind="stable") if sort else np.arange(times.shape[0])
-    t = times[order].tolist()
-    back = np.flatnonzero(np.diff(times[order]) < 0)
+    t = times[order]
+    back = np.flatnonzero(np.diff(t) < 0)
     if back.size:
         row = int(back[0] + 1)
         raise TraceError(
-            f"{source}: row {row}, field {field!r}: got {t[row]!r} after {t[row - 1]!r}; "
-            "accepted: non-decreasing timestamps (or sort=true to sort them)"
+            f"{source}: row {row}, field {field!r}: got {t[row].item()!r} after "
+            f"{t[row - 1].item()!r}; accepted: non-decreasing timestamps (or sort=true)"
         )
-    same = np.flatnonzero(np.diff(times[order]) == 0)
+    same = np.flatnonzero(np.diff(t) == 0)
     if same.size and not duplicates:
         row = int(order[same[0] + 1])
         raise TraceError(
-            f"{source}: row {row}, field {field!r}: timestamp {t[same[0] + 1]!r} repeats the "
-            "previous row's; accepted: strictly increasing timestamps (or duplicates=true)"
+            f"{source}: row {row}, field {field!r}: timestamp {t[same[0] + 1].item()!r} repeats "
+            "the previous row's; accepted: strictly increasing timestamps (or duplicates=true)"
         )
 
 

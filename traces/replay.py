@@ -28,9 +28,13 @@ class Workload(Protocol):
     def build(self, seed: int) -> Trace: ...
 
 
-def apply_all(trace: Trace, transforms: Sequence[Transform], seed: int) -> Trace:
-    streams = np.random.SeedSequence(seed).spawn(len(transforms))
-    for transform, ss in zip(transforms, streams, strict=True):
+def apply_all(
+    trace: Trace, transforms: Sequence[Transform], seed: int, last: Transform | None = None
+) -> Trace:
+    """Apply `transforms` in order, then `last` (a workload's `filter`) when given."""
+    steps = [*transforms, *([last] if last is not None else [])]
+    streams = np.random.SeedSequence(seed).spawn(len(steps))
+    for transform, ss in zip(steps, streams, strict=True):
         trace = transform.apply(trace, np.random.default_rng(ss))
     return trace
 
@@ -49,8 +53,7 @@ class TraceWorkload:
 
     def build(self, seed: int) -> Trace:
         trace = load(self.path, self.format, **dict(self.options))
-        steps = [*self.transforms, *([self.filter] if self.filter else [])]
-        return apply_all(trace, steps, seed)
+        return apply_all(trace, self.transforms, seed, self.filter)
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,7 @@ class LengthsWorkload:
             output_len=outputs[rows],
             source=f"{self.path} lengths with {type(self.arrival).__name__} arrivals",
         )
-        steps = [*self.transforms, *([self.filter] if self.filter else [])]
-        return apply_all(trace, steps, int(tf_ss.generate_state(1)[0]))
+        return apply_all(trace, self.transforms, int(tf_ss.generate_state(1)[0]), self.filter)
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,10 @@ def trace_stats(trace: Trace) -> dict[str, Any]:
     }
 
 
-def lengths_stats(path: str | Path) -> dict[str, Any]:
-    prompt, output = load_lengths(path)
+def lengths_stats(prompt: np.ndarray, output: np.ndarray, source: str) -> dict[str, Any]:
+    """The same keys for a length-only file (no times, no clients)."""
     return {
-        "source": str(path),
+        "source": source,
         "rows": int(prompt.size),
         "duration_s": None,
         "rate_per_s": None,
@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         fmt = args.format or detect_format(args.path)
         trace: Trace | None
         if fmt == "lengths":
-            trace, stats = None, lengths_stats(args.path)
+            trace = None
             prompt, output = load_lengths(args.path)
+            stats = lengths_stats(prompt, output, args.path)
         else:
             if fmt == "servegen":
                 trace = ServeGenPool(args.path, args.rate, args.duration).build(0)

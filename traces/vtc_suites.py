@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.loaders import load_vtc_real
-from traces.schema import Trace
+from traces.loaders import load_vtc_real, resolve_path
+from traces.schema import Trace, TraceError
 
 MODES = (
     "uniform",
@@ -198,17 +198,14 @@ class VTCRealTrace:
     name: str = "vtc_real"
 
     def resolve(self) -> Path:
-        p = Path(self.path)
-        candidates = [p] if p.is_absolute() else [p, Path(__file__).resolve().parents[1] / p]
-        for c in candidates:
-            if c.is_file():
-                return c
-        raise FileNotFoundError(
-            f"workload '{self.name}': trace file not found: {self.path} (looked in "
-            f"{', '.join(str(c) for c in candidates)}). It ships with the shared data as "
-            "data/vtc/real_trace.csv (columns req_id, arrival_s, client, prompt_len, output_len); "
-            "set workload.path=/path/to/real_trace.csv"
-        )
+        try:
+            return resolve_path(self.path)
+        except TraceError as err:
+            raise FileNotFoundError(
+                f"workload '{self.name}': {err}. It ships with the shared data as "
+                "data/vtc/real_trace.csv (columns req_id, arrival_s, client, prompt_len, "
+                "output_len); set workload.path=/path/to/real_trace.csv"
+            ) from None
 
     def build(self, seed: int) -> Trace:
         return load_vtc_real(self.resolve())
