@@ -25,6 +25,8 @@ bound exceeds the need found so far.
 
 from __future__ import annotations
 
+from bisect import insort
+
 import numpy as np
 
 _NONE = -(2**62)  # "no such request": below any term
@@ -62,6 +64,8 @@ class RunningFit:
         self._prefix_max = [_NONE, *np.maximum.accumulate(self._term).tolist()]
         self._tables_live = -1  # live count the cached suffix tables belong to
         self._tables: dict[int, np.ndarray] = {}
+        self._first: list[int] = []
+        self._first_live = -1
 
     def live(self, decodes: int) -> int:
         """How many requests are still running after `decodes` decode steps (fd > decodes)."""
@@ -83,6 +87,12 @@ class RunningFit:
             tail = (self._term[:live] + m * self._fd[:live])[::-1]
             table = self._tables[m] = np.maximum.accumulate(tail)[::-1]
         return table
+
+    def first_table(self, live: int) -> list[int]:
+        """suffix_table(live, 1) as a list (every fit test reads it), cached while `live` holds."""
+        if self._first_live != live:
+            self._first, self._first_live = self.suffix_table(live, 1).tolist(), live
+        return self._first
 
     def batch(self, decodes: int) -> BatchFit:
         return BatchFit(self, decodes)
@@ -112,9 +122,10 @@ class BatchFit:
     def __init__(self, fit: RunningFit, decodes: int) -> None:
         self.fit, self.decodes = fit, decodes
         self.live = fit.live(decodes)
-        self._first = fit.suffix_table(self.live, 1).tolist()
+        self._first = fit.first_table(self.live)
         self.members: list[tuple[int, int, int, int]] = []  # (-fd, seq, position, a), sorted
         self.lengths: list[tuple[int, int]] = []  # (prompt, output) in admission order
+        self.a_total = 0  # sum of the members' a
 
     def _member(self, prompt: int, output: int) -> tuple[int, int, int, int]:
         fd = self.decodes + output
@@ -123,33 +134,45 @@ class BatchFit:
 
     def add(self, prompt: int, output: int) -> None:
         """Count in an admitted member."""
-        self.members.append(self._member(prompt, output))
-        self.members.sort()
+        member = self._member(prompt, output)
+        insort(self.members, member)
+        self.a_total += member[3]
         self.lengths.append((prompt, output))
 
     def need(self, prompt: int, output: int, enough: int | None = None) -> int:
         """Peak need if this candidate joins the members admitted so far.
 
-        With `enough`, it may stop early and return any value >= `enough` once the need is
-        known to reach it (the engine only compares the need with the pool).
+        With `enough`, the value is exact only in whether it reaches `enough` (the engine only
+        compares the need with the pool): it stops early once the need is known to reach it, and
+        skips a suffix table whose upper bound stays below it.
         """
         fit, live = self.fit, self.live
         if len(self.members) >= self.MAX_CLOSED_FORM:
             p, o = zip(*self.lengths, (prompt, output), strict=True)
             return fit.direct_need(self.decodes, np.array(p), np.array(o))
-        members = sorted([*self.members, self._member(prompt, output)])
+        new = self._member(prompt, output)
+        members = self.members.copy()
+        insort(members, new)
         stop = _NEVER if enough is None else enough
         s, fd, first = fit._s, fit._fd_list, self._first
         need = fit._prefix_max[members[0][2]]
-        a_sum = sum(member[3] for member in members)  # A_m, walking m down from k
+        a_sum = self.a_total + new[3]  # A_m, walking m down from k
         for m in range(len(members), 0, -1):  # the largest m usually decides: bounds prune the rest
             neg_fd, _, q, a = members[m - 1]
-            need = max(need, s[q] + a_sum + (q + m) * -neg_fd)
+            score = s[q] + a_sum - (q + m) * neg_fd
+            if score > need:
+                need = score
             if q < live:  # running requests behind this newcomer
                 if m == 1:
-                    need = max(need, first[q] + a_sum)
-                elif first[q] + a_sum + (m - 1) * fd[q] > need:
-                    need = max(need, int(fit.suffix_table(live, m)[q]) + a_sum)
+                    score = first[q] + a_sum
+                    if score > need:
+                        need = score
+                else:
+                    bound = first[q] + a_sum + (m - 1) * fd[q]
+                    if bound > need and (bound >= stop or enough is None):
+                        score = int(fit.suffix_table(live, m)[q]) + a_sum
+                        if score > need:
+                            need = score
             if need >= stop:
                 return need
             a_sum -= a
