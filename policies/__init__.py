@@ -2,8 +2,19 @@
 
 from policies.base import BasePolicy, Policy
 from policies.drr import DRR
+from policies.fairserve import FairServe, RPMInteraction
 from policies.fcfs import FCFS
 from policies.rpm import RPM
 from policies.vtc import LCF, VTC
 
-__all__ = ["DRR", "FCFS", "LCF", "RPM", "VTC", "BasePolicy", "Policy"]
+__all__ = [
+    "DRR",
+    "FCFS",
+    "LCF",
+    "RPM",
+    "VTC",
+    "BasePolicy",
+    "FairServe",
+    "Policy",
+    "RPMInteraction",
+]

@@ -3,8 +3,10 @@
 The engine owns queues and memory; a policy owns its own state (counters, windows) and answers
 the engine's questions. Call order on one engine, for every request:
 `on_arrival` (may reject) -> `pick` ... `on_admit` -> `on_decode` (per decode run) -> `on_finish`.
-`pick` is asked repeatedly while a batch is formed; when the picked request cannot be admitted
-(memory, prefill budget or running cap) the engine calls `on_blocked` and stops forming the batch.
+`pick` is asked repeatedly while a batch is formed. The engine first `screen`s the picked request
+(a reason drops it from the queue as rejected, and picking goes on); when the picked request
+cannot be admitted (memory, prefill budget or running cap) the engine calls `on_blocked` (a reason
+throttles it: dropped as rejected) and stops forming the batch either way.
 """
 
 from __future__ import annotations
@@ -37,8 +39,13 @@ class Policy(Protocol):
         """`req` left the queue and is prefilled in the step starting at `now`."""
         ...
 
-    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> None:
-        """`req` was picked but does not fit; batch forming stops after this call."""
+    def screen(self, req: int, now: float) -> str | None:
+        """`req` was picked: a reason to drop it (rejected) instead of trying to admit it."""
+        ...
+
+    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        """`req` was picked but does not fit; batch forming stops after this call. Return a
+        reason to throttle it (it leaves the queue, rejected), or None to keep it waiting."""
         ...
 
     def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
@@ -80,7 +87,10 @@ class BasePolicy:
     def on_admit(self, req: int, now: float) -> None:
         return None
 
-    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> None:
+    def screen(self, req: int, now: float) -> str | None:
+        return None
+
+    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         return None
 
     def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:

@@ -3,7 +3,7 @@
 Each event is (time, client, delta, cause, value): `value` is the counter right after the change.
 Causes: admit (prompt, plus the predicted output for VTC with prediction), decode, finish_extra
 (the artifact's quirk), refund (prediction above the actual length), lift (VTC's counter lift),
-refill (DRR's quantum).
+refill (DRR's quantum), complete (FairServe's charge at completion, the artifact's form).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-CAUSES = ("admit", "decode", "finish_extra", "refund", "lift", "refill")
-ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL = range(len(CAUSES))
+CAUSES = ("admit", "decode", "finish_extra", "refund", "lift", "refill", "complete")
+ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL, COMPLETE = range(len(CAUSES))
 
 
 class CounterLog:

@@ -33,6 +33,20 @@ PREDICTIONS = ("none", "oracle", "moving_average")
 NEVER = np.iinfo(np.int64).max
 
 
+def lift_floor(counter: np.ndarray, queue: WaitingQueue, client: int, lift: str) -> float:
+    """The counter `client` is lifted to on an arrival (-inf: no lift): only when it has nothing
+    waiting; "paper": min over waiting clients, else the last client to leave the queue;
+    "artifact": min over waiting clients only; "none": never."""
+    if lift == "none" or queue.has_waiting(client):
+        return -np.inf
+    waiting = queue.waiting_clients()
+    if waiting:
+        return float(min(counter[c] for c in waiting))
+    if lift == "paper" and queue.last_left_client is not None:
+        return float(counter[queue.last_left_client])
+    return -np.inf
+
+
 class VTC(BasePolicy):
     name = "vtc"
 
@@ -97,15 +111,7 @@ class VTC(BasePolicy):
         if self.first_seen[u] == NEVER:
             self.first_seen[u] = self._seen
             self._seen += 1
-        if self.lift == "none" or queue.has_waiting(u):
-            return None
-        waiting = queue.waiting_clients()
-        if waiting:
-            floor = min(self.counter[c] for c in waiting)
-        elif self.lift == "paper" and queue.last_left_client is not None:
-            floor = self.counter[queue.last_left_client]
-        else:
-            return None
+        floor = lift_floor(self.counter, queue, u, self.lift)
         if floor > self.counter[u]:
             self._charge(u, floor - self.counter[u], now, LIFT)
         return None

@@ -45,6 +45,16 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['pool_tokens']} tokens",
         "times in seconds",
     ]
+    inter = summary.get("interactions")
+    if inter is not None:
+        lat = inter["interaction_latency"]
+        lines.insert(
+            -1,
+            f"interactions: throttled {summary['throttled_interactions']} "
+            f"({summary['throttled_requests']} calls), wasted prompt tokens "
+            f"{summary['wasted_tokens']}, completed {inter['service_provided']} of "
+            f"{inter['interactions_ended']} ended, completion time mean {_fmt(lat['mean'])}",
+        )
     return "\n".join(lines)
 
 

@@ -316,9 +316,15 @@ class SLoRAEngine:
             req = self.policy.pick(self.queue, self.now)
             if req is None:
                 break
+            dropped = self.policy.screen(req, self.now)
+            if dropped is not None:
+                self._drop(req, dropped)
+                continue
             p, o, c = self._prompt[req], self._output[req], self._client_of[req]
             if not self._fits(fit, clients, p, o, c, tokens, len(batch)):
-                self.policy.on_blocked(req, self.now, self.queue)
+                throttled = self.policy.on_blocked(req, self.now, self.queue)
+                if throttled is not None:
+                    self._drop(req, throttled)
                 break
             self.queue.remove(req)
             batch.append(req)
@@ -327,6 +333,11 @@ class SLoRAEngine:
             fit.add(p, o)
             self.policy.on_admit(req, self.now)
         return batch
+
+    def _drop(self, req: int, reason: str) -> None:
+        """The policy takes a waiting request out of the queue: rejected, never served."""
+        self.queue.remove(req)
+        self._end(req, self.now, REJECTED, reason)
 
     def _fits(
         self, fit: BatchFit, clients: set[int], p: int, o: int, c: int, tokens: int, pending: int

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from simulator import metrics
+from simulator import interactions, metrics
 from simulator.fairness import fairness_summary, tick_span
 from simulator.timeline import STATUSES, Timeline
 
@@ -46,6 +46,16 @@ def summarize(
     config: dict[str, Any],
 ) -> dict[str, Any]:
     counts = requests.status.value_counts()
+    throttled = interactions.throttling(requests)
+    extra: dict[str, Any] = {}
+    if "interaction_id" in requests or "app" in requests:
+        end = float(timeline.info.get("end_time") or 0.0)  # type: ignore[arg-type]
+        extra["interactions"] = {
+            **throttled,
+            **interactions.user_experience(requests),
+            "per_app": interactions.per_app(requests, max(end, 1e-9)).to_dict("records"),
+            "interaction_latency": interactions.interaction_latency(requests),
+        }
     reasons = (
         requests[requests.status != "completed"].groupby(["status", "reason"], observed=True).size()
     )
@@ -56,6 +66,9 @@ def summarize(
             "requests": len(requests),
             "status_counts": {s: int(counts.get(s, 0)) for s in STATUSES},
             "reasons": {f"{s}:{r}": int(v) for (s, r), v in reasons.items()},
+            "throttled_requests": throttled["throttled_requests"],
+            "throttled_interactions": throttled["throttled_interactions"],
+            "wasted_tokens": throttled["wasted_tokens"],
             "throughput_tokens_per_s": metrics.token_throughput(requests),
             "output_tokens": len(tokens),
             "end_time": timeline.info.get("end_time"),
@@ -66,6 +79,7 @@ def summarize(
             "fairness": fairness_summary(
                 requests, tokens, total=tick_span(timeline.info.get("end_time"))
             ),
+            **extra,
         }
     )
 

@@ -49,12 +49,21 @@ class WaitingQueue:
         return sorted(c for c, lane in self._lanes.items() if lane)
 
     def remove(self, req: int) -> None:
-        """Take a request out; it must be the head of its client's lane (queues are FIFO)."""
+        """Take a waiting request out: usually its client's head; a policy may take a later one
+        (FairServe's interaction preference admits an interaction's next call)."""
         client = self._client_of[req]
-        lane = self._lanes[client]
-        if lane[0] != req:
-            raise ValueError(f"request {req} is not at the head of client {client}'s lane")
-        lane.popleft()
+        lane = self._lanes.get(client)
+        if not lane:
+            raise ValueError(f"request {req} is not waiting (client {client} has nothing waiting)")
+        if lane[0] == req:
+            lane.popleft()
+        else:
+            try:
+                lane.remove(req)
+            except ValueError:
+                raise ValueError(
+                    f"request {req} is not waiting in client {client}'s lane"
+                ) from None
         self._removed.add(req)
         self._size -= 1
         self.last_left_client = client

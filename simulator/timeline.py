@@ -130,11 +130,13 @@ class Timeline:
     def requests_frame(self) -> pd.DataFrame:
         """One row per request; a trace's optional columns (interactions, think times) follow."""
         t = self.trace
-        optional = {
-            name: getattr(t, name)
-            for name in (*OPTIONAL_INT_COLUMNS, "think_time")
-            if getattr(t, name) is not None
-        }
+        optional: dict[str, object] = {}
+        if t.app is not None:  # users belong to apps (FairServe): the client is the user
+            optional["app"] = pd.Categorical.from_codes(t.app, categories=list(t.app_names))
+            optional["user"] = pd.Categorical.from_codes(t.client, categories=list(t.client_names))
+        for name in (*OPTIONAL_INT_COLUMNS, "think_time"):
+            if getattr(t, name) is not None:
+                optional[name] = getattr(t, name)
         return pd.DataFrame(
             {
                 "request_id": t.request_id,

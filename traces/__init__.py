@@ -6,6 +6,7 @@ from traces.closed_loop import ClosedLoop
 from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
 from traces.loaders import load, load_azure, load_mooncake, load_table, load_vidur, load_vtc_real
 from traces.mixes import arena_like, servegen_like
+from traces.multiapp import AbusiveUsers, AppSpec, MultiAppWorkload
 from traces.replay import LengthsWorkload, Tenants, TraceWorkload
 from traces.schema import Trace, TraceError
 from traces.servegen import ServeGenPool
@@ -22,6 +23,9 @@ from traces.transforms import (
 from traces.vtc_suites import ArtifactSuite, VTCRealTrace
 
 __all__ = [
+    "AbusiveUsers",
+    "AppSpec",
+    "MultiAppWorkload",
     "AssignClients",
     "FilterLengths",
     "LengthsWorkload",

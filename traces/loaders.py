@@ -14,6 +14,7 @@ import io
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -308,7 +309,14 @@ def load_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return prompt, output
 
 
+def _agentic(path: str | Path, **options: Any) -> Trace:
+    from traces.agentic import load_agentic_sessions  # it builds on this module
+
+    return load_agentic_sessions(path, **options)
+
+
 LOADERS = {
+    "agentic": _agentic,
     "azure": load_azure,
     "vidur": load_vidur,
     "vtc_real": load_vtc_real,

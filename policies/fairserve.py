@@ -1,0 +1,343 @@
+"""FairServe (spec: policies.md, FairServe section): WSC counters, interaction preference, OIT.
+
+Users are the trace's clients; apps, interactions, call indices and system prompts come from the
+trace (a request without an interaction is an interaction of one call; without an app, every
+user is in one app). A call is the last of its interaction when call_index = num_calls - 1.
+
+WSC: one counter per user with VTC's counter lift. Charge forms (`charge`):
+- "paper" (default): per app a and stage j (the call index), w_aj = alpha E[N_I] + beta E[N_S]
+  + gamma E[N_O]; a call costs E_i (alpha L_I + beta L_S + gamma L_O) / w_aj, charged as it is
+  served: the prompt and the prefill's first token at admission, each later token at its step.
+- "completion": the artifact's `expect` form, once at completion: E_i (L_I + L_S + 2 L_O) /
+  (avg_I + avg_S + 2 avg_O) with per-app averages (no stage).
+- "incremental": the artifact's other form: E_i (L_I / P_I + L_S / P_S) at admission and
+  E_i 2 / P_O per output token (the prefill's first one at admission), P_* the per-app averages.
+L_I is the prompt without its system part. Expectations are the trace's means per (app, stage)
+or per app, unless `app_stats` gives them ({app: {input, system, output}}, used for every stage).
+
+Throttling (`throttle`): "none" (FS(W)); "always": the user / app limits checked at every arrival
+(FS(W+L)); "overload": checked only when the picked request fails the fit test (OIT; FS(W+O) and
+FairServe). The rule: the user's arrivals in the `window` seconds before (and not counting) its
+latest arrival reach `user_limit` -> "user_limit"; else the app's arrivals against `app_limit`
+-> "app_limit". Every arrival counts, throttled or not. With `first_call_only` only first calls
+are tested; with `drop_rest` a throttled interaction's later calls are dropped when they reach
+the head of the queue ("interaction_throttled").
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from policies.base import BasePolicy
+from policies.charging import sequential_sum
+from policies.counters import ADMIT, COMPLETE, DECODE, LIFT, CounterLog
+from policies.rpm import RPM
+from policies.vtc import LIFTS, NEVER, lift_floor
+from simulator.queue import WaitingQueue
+from traces.schema import Trace
+
+CHARGES = ("paper", "completion", "incremental")
+THROTTLES = ("none", "always", "overload")
+
+
+def interactions(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request: (interaction key, call index, calls in the interaction). Without interaction
+    columns every request is its own one-call interaction; `num_calls` missing is counted."""
+    n = len(trace)
+    if trace.interaction_id is None:
+        return -1 - np.arange(n, dtype=np.int64), np.zeros(n, np.int64), np.ones(n, np.int64)
+    ids = trace.interaction_id
+    call = np.zeros(n, np.int64) if trace.call_index is None else trace.call_index
+    if trace.num_calls is not None:
+        return ids, call, trace.num_calls
+    _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    return ids, call, counts[inverse].astype(np.int64)
+
+
+def app_codes(trace: Trace) -> np.ndarray:
+    return np.zeros(len(trace), np.int64) if trace.app is None else trace.app
+
+
+def token_parts(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(L_I without the system prompt, L_S, L_O) per request, as floats."""
+    system = (
+        np.zeros(len(trace))
+        if trace.system_prompt_len is None
+        else np.minimum(trace.system_prompt_len, trace.prompt_len).astype(np.float64)
+    )
+    return trace.prompt_len - system, system, trace.output_len.astype(np.float64)
+
+
+class FairServe(BasePolicy):
+    name = "fairserve"
+
+    def __init__(
+        self,
+        charge: str = "paper",
+        alpha: float = 1.0,
+        beta: float = 2.0,
+        gamma: float = 1.0,
+        priority: Mapping[str, float] | None = None,
+        app_stats: Mapping[str, Mapping[str, float]] | None = None,
+        lift: str = "paper",
+        throttle: str = "overload",
+        first_call_only: bool = True,
+        drop_rest: bool = True,
+        interaction_preference: bool = True,
+        user_limit: int = 10,
+        app_limit: int = 2000,
+        window: float = 60.0,
+    ) -> None:
+        if charge not in CHARGES:
+            raise ValueError(f"policy.charge must be one of {CHARGES}, got {charge!r}")
+        if throttle not in THROTTLES:
+            raise ValueError(f"policy.throttle must be one of {THROTTLES}, got {throttle!r}")
+        if lift not in LIFTS:
+            raise ValueError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
+        for key, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"policy.{key} must be a number >= 0, got {v!r}")
+        if not gamma > 0:
+            raise ValueError("policy.gamma must be > 0 (every call has output tokens)")
+        for key, v in (("user_limit", user_limit), ("app_limit", app_limit)):
+            if int(v) != v or v < 1:
+                raise ValueError(f"policy.{key} must be an integer >= 1, got {v!r}")
+        if not window > 0:
+            raise ValueError(f"policy.window must be > 0 seconds, got {window!r}")
+        self.charge, self.lift, self.throttle = charge, lift, throttle
+        self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
+        self.priority = dict(priority or {})
+        self.app_stats = {k: dict(v) for k, v in (app_stats or {}).items()}
+        self.first_call_only, self.drop_rest = first_call_only, drop_rest
+        self.interaction_preference = interaction_preference
+        self.user_limit, self.app_limit, self.window = int(user_limit), int(app_limit), window
+        self.name = self._variant()
+
+    def _variant(self) -> str:
+        """The paper's name for this combination of switches (printouts, counters)."""
+        full = self.first_call_only and self.drop_rest and self.interaction_preference
+        if self.throttle == "overload" and full:
+            return "fairserve"
+        if self.interaction_preference:
+            return "fairserve_custom"
+        if self.throttle == "none":
+            return "fs_w"
+        if not (self.first_call_only or self.drop_rest):
+            return "fs_wl" if self.throttle == "always" else "fs_wo"
+        return "fairserve_custom"
+
+    # ---- set-up -------------------------------------------------------------------------
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
+        self.user = trace.client
+        self.app = app_codes(trace)
+        self.interaction, self.call, self.calls = interactions(trace)
+        self.factor = self._priority_factors(trace)
+        self.admit_charge, self.token_charge, self.complete_charge = self._prices(trace)
+        self.counter = np.zeros(trace.num_clients)
+        self.first_seen = np.full(trace.num_clients, NEVER)
+        self._seen = 0
+        self.log = CounterLog()
+        self.user_arrivals: list[list[float]] = [[] for _ in range(trace.num_clients)]
+        self.app_arrivals: list[list[float]] = [[] for _ in range(int(self.app.max()) + 1)]
+        self.throttled: set[int] = set()  # interactions with a throttled call
+        # interaction preference: waiting later calls, by whether their interaction has started
+        self.started: set[int] = set()  # interactions with an admitted call
+        self.pending: dict[int, list[int]] = {}  # not started: interaction -> waiting calls
+        self.ready: dict[int, list[int]] = {}  # started: user -> waiting calls, arrival order
+
+    def _priority_factors(self, trace: Trace) -> np.ndarray:
+        factor = np.ones(trace.num_clients)
+        for name, e in self.priority.items():
+            if name not in trace.client_names:
+                raise ValueError(f"policy.priority: unknown user {name!r}")
+            if not (np.isfinite(e) and e > 0):
+                raise ValueError(f"policy.priority[{name}] must be a number > 0, got {e!r}")
+            factor[trace.client_names.index(name)] = float(e)
+        return factor
+
+    def _expected(self, trace: Trace, by_stage: bool) -> np.ndarray:
+        """Per request, the expected (L_I, L_S, L_O) of its app (and stage)."""
+        parts = np.stack(token_parts(trace), axis=1)
+        names = trace.app_names or ("default",)
+        for name in self.app_stats:
+            if name not in names:
+                raise ValueError(f"policy.app_stats: unknown app {name!r}; apps are {list(names)}")
+        key = self.app * (int(self.call.max()) + 1) + self.call if by_stage else self.app
+        _, group = np.unique(key, return_inverse=True)
+        sums = np.zeros((group.max() + 1, 3))
+        np.add.at(sums, group, parts)
+        means = sums / np.bincount(group)[:, None]
+        out = means[group]
+        for name, stats in self.app_stats.items():
+            try:
+                given = [float(stats[k]) for k in ("input", "system", "output")]
+            except KeyError as e:
+                raise ValueError(
+                    f"policy.app_stats[{name}] needs input, system and output, missing {e}"
+                ) from None
+            out[self.app == names.index(name)] = given
+        return out
+
+    def _prices(self, trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request: the charge at admission, per output token after the first, and at
+        completion (each already times E_i)."""
+        li, ls, lo = token_parts(trace)
+        e = self.factor[self.user]
+        zero = np.zeros(len(trace))
+        if self.charge == "paper":
+            exp = self._expected(trace, by_stage=True)
+            w = self.alpha * exp[:, 0] + self.beta * exp[:, 1] + self.gamma * exp[:, 2]
+            return e * (self.alpha * li + self.beta * ls + self.gamma) / w, e * self.gamma / w, zero
+        exp = self._expected(trace, by_stage=False)
+        if self.charge == "completion":
+            w = exp[:, 0] + exp[:, 1] + 2.0 * exp[:, 2]
+            return zero, zero, e * (li + ls + 2.0 * lo) / w
+        per_input = np.divide(li, exp[:, 0], out=zero.copy(), where=exp[:, 0] > 0)
+        per_system = np.divide(ls, exp[:, 1], out=zero.copy(), where=exp[:, 1] > 0)
+        token = e * 2.0 / exp[:, 2]
+        return e * (per_input + per_system) + token, token, zero
+
+    # ---- hooks --------------------------------------------------------------------------
+    def counter_events(self) -> pd.DataFrame:
+        return self.log.frame(list(self.trace.client_names))
+
+    def _charge(self, user: int, delta: float, now: float, cause: int) -> None:
+        self.counter[user] += delta
+        self.log.add(now, user, delta, float(self.counter[user]), cause)
+
+    def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        u = int(self.user[req])
+        if self.first_seen[u] == NEVER:
+            self.first_seen[u], self._seen = self._seen, self._seen + 1
+        self.user_arrivals[u].append(now)
+        self.app_arrivals[int(self.app[req])].append(now)
+        if self.throttle == "always":
+            reason = self._limit_rule(req)
+            if reason is not None:
+                return reason
+        floor = lift_floor(self.counter, queue, u, self.lift)
+        if floor > self.counter[u]:
+            self._charge(u, floor - self.counter[u], now, LIFT)
+        if self.interaction_preference and self.call[req] > 0:
+            key = int(self.interaction[req])
+            if key in self.started:
+                self.ready.setdefault(u, []).append(req)
+            else:
+                self.pending.setdefault(key, []).append(req)
+        return None
+
+    def _over(self, arrivals: list[float], limit: int) -> bool:
+        """At least `limit` arrivals in the window before (not counting) the latest one."""
+        latest = arrivals[-1]
+        start = bisect_left(arrivals, latest - self.window)
+        return len(arrivals) - 1 - start >= limit
+
+    def _limit_rule(self, req: int) -> str | None:
+        """The throttling rule `req` breaks (None: none), marking its interaction throttled."""
+        if self.first_call_only and self.call[req] > 0:
+            return None
+        reason = None
+        if self._over(self.user_arrivals[int(self.user[req])], self.user_limit):
+            reason = "user_limit"
+        elif self._over(self.app_arrivals[int(self.app[req])], self.app_limit):
+            reason = "app_limit"
+        if reason is not None and self.drop_rest:
+            self.throttled.add(int(self.interaction[req]))
+        return reason
+
+    def _leaves(self, req: int) -> None:
+        """`req` leaves the queue (admitted or dropped): forget it as a preferred call."""
+        if self.interaction_preference and self.call[req] > 0:
+            key, u = int(self.interaction[req]), int(self.user[req])
+            for calls in (self.ready.get(u), self.pending.get(key)):
+                if calls and req in calls:
+                    calls.remove(req)
+
+    def screen(self, req: int, now: float) -> str | None:
+        if self.drop_rest and int(self.interaction[req]) in self.throttled:
+            self._leaves(req)
+            return "interaction_throttled"
+        return None
+
+    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        reason = self._limit_rule(req) if self.throttle == "overload" else None
+        if reason is not None:
+            self._leaves(req)
+        return reason
+
+    def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        """The least-served user's next call of a started interaction, if any waits (the
+        interaction preference); else the least-served waiting user's earliest request."""
+        key = lambda u: (self.counter[u], self.first_seen[u])  # noqa: E731
+        if self.interaction_preference:
+            mid = [u for u, calls in self.ready.items() if calls]
+            if mid:
+                return self.ready[min(mid, key=key)][0]
+        waiting = queue.waiting_clients()
+        if not waiting:
+            return None
+        return queue.head(min(waiting, key=key))
+
+    def on_admit(self, req: int, now: float) -> None:
+        u = int(self.user[req])
+        self._leaves(req)
+        if self.interaction_preference:
+            key = int(self.interaction[req])
+            if key not in self.started:
+                self.started.add(key)
+                for call in self.pending.pop(key, []):
+                    insort(self.ready.setdefault(u, []), call)
+        if self.admit_charge[req]:
+            self._charge(u, float(self.admit_charge[req]), now, ADMIT)
+
+    def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
+        if self.charge == "completion":
+            return
+        prices = self.token_charge[running]
+        for u in np.unique(clients).tolist():
+            per_step = 0.0
+            for price in prices[clients == u].tolist():  # running order: chunking never matters
+                per_step += price
+            incs = np.full(step_ends.shape[0], per_step)
+            values = sequential_sum(float(self.counter[u]), incs)
+            self.counter[u] = values[-1]
+            self.log.add_many(step_ends, u, incs, values, DECODE)
+
+    def on_finish(self, req: int, now: float) -> None:
+        u = int(self.user[req])
+        if self.complete_charge[req]:
+            self._charge(u, float(self.complete_charge[req]), now, COMPLETE)
+
+
+class RPMInteraction(BasePolicy):
+    """The FairServe paper's RPM baseline: a per-user limit on accepted calls in a sliding
+    window (as `rpm`), and once one call of an interaction is rejected the interaction's later
+    calls are rejected on arrival ("interaction_aborted"). Accepted calls are served FCFS."""
+
+    name = "rpm_interaction"
+
+    def __init__(self, limit: int = 10, window: float = 60.0) -> None:
+        self._rpm = RPM(limit, window)
+
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
+        self._rpm.bind(trace)
+        self.interaction, _, _ = interactions(trace)
+        self.aborted: set[int] = set()
+
+    def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        key = int(self.interaction[req])
+        if key in self.aborted:
+            return "interaction_aborted"
+        reason = self._rpm.on_arrival(req, now, queue)
+        if reason is not None:
+            self.aborted.add(key)
+        return reason
+
+    def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        return queue.oldest()
