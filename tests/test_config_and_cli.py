@@ -28,6 +28,8 @@ def test_every_config_composes_and_instantiates(group, name, tmp_path):
             "decode,1,100,0.01\ndecode,8,800,0.012\ndecode,4,4000,0.02\n"
         )
         overrides.append(f"cost_model.path={profile}")
+    if (group, name) == ("cost_model", "vidur_profile"):
+        shared_file("vidur_profiles/compute/a100/Llama-2-7b-hf/mlp.csv")
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     for g in ("engine", "cost_model", "policy"):

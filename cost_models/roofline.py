@@ -1,0 +1,156 @@
+"""An analytic roofline step-time model from a model and a GPU description.
+
+A step runs the decoder's matrix products over its T tokens, attention over the tokens each new
+token attends to, and the output head for each request that samples a token. Each part takes
+the longer of its compute time (FLOPs / (peak * compute_efficiency)) and its memory time
+(bytes / (bandwidth * memory_efficiency)); the parts add up (they run one after another):
+- matrix products: 2 * layer_params * layers * T FLOPs; every weight read once;
+- attention: 4 * hidden * layers FLOPs per (query, key) pair; the keys' and values' bytes read
+  and the new tokens' written;
+- output head: 2 * hidden * vocab FLOPs per sampling request, its weights read once;
+- tensor parallelism (tp GPUs): compute and bytes split tp ways, plus two all-reduces of
+  T * hidden values per layer (ring: 2 (tp - 1) / tp of the data over the link, plus latency);
+- `step_overhead`: the serving loop's own time per step.
+A prefill chunk of c new tokens after k cached ones forms c * k + c (c + 1) / 2 pairs; a decode
+token with context L forms L pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.hardware import GPUSpec, ModelSpec, gpu_spec, model_spec
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    model: str | ModelSpec = "llama-2-7b"
+    gpu: str | GPUSpec = "a100-80gb"
+    tp: int = 1
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.8
+    step_overhead: float = 0.002
+    allreduce_latency: float = 10e-6  # seconds per all-reduce
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", model_spec(self.model))
+        object.__setattr__(self, "gpu", gpu_spec(self.gpu))
+        if int(self.tp) != self.tp or self.tp < 1:
+            raise ValueError(f"cost_model.tp must be an integer >= 1, got {self.tp!r}")
+        for key in ("compute_efficiency", "memory_efficiency"):
+            v = getattr(self, key)
+            if not (0 < v <= 1):
+                raise ValueError(f"cost_model.{key} must be in (0, 1], got {v!r}")
+        if self.step_overhead < 0 or self.allreduce_latency < 0:
+            raise ValueError("cost_model.step_overhead and allreduce_latency must be >= 0")
+        if self.tp > 1 and not self.gpu_spec.link_bandwidth > 0:
+            raise ValueError(f"gpu {self.gpu_spec.name!r} has no link bandwidth for tp > 1")
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return self.model  # type: ignore[return-value]
+
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return self.gpu  # type: ignore[return-value]
+
+    # ---- building blocks ----------------------------------------------------------------
+    def _roof(self, flops: float | np.ndarray, nbytes: float | np.ndarray) -> np.ndarray:
+        g = self.gpu_spec
+        compute = np.asarray(flops) / (self.tp * g.peak_flops * self.compute_efficiency)
+        memory = np.asarray(nbytes) / (self.tp * g.hbm_bandwidth * self.memory_efficiency)
+        return np.maximum(compute, memory)
+
+    def linear_time(self, tokens: float | np.ndarray) -> np.ndarray:
+        """The decoder layers' matrix products over `tokens` tokens."""
+        m = self.model_spec
+        flops = 2.0 * m.layer_params * m.layers * np.asarray(tokens, dtype=np.float64)
+        return self._roof(flops, float(m.layers * m.layer_params * m.dtype_bytes))
+
+    def attention_time(
+        self, pairs: float | np.ndarray, kv_read: float | np.ndarray, kv_written: float | np.ndarray
+    ) -> np.ndarray:
+        """Attention over `pairs` (query, key) pairs, reading `kv_read` tokens' keys and values
+        and writing `kv_written` tokens'."""
+        m = self.model_spec
+        flops = 4.0 * m.hidden * m.layers * np.asarray(pairs, dtype=np.float64)
+        tokens = np.asarray(kv_read, dtype=np.float64) + np.asarray(kv_written, dtype=np.float64)
+        return self._roof(flops, tokens * m.kv_bytes_per_token)
+
+    def head_time(self, requests: float | np.ndarray) -> np.ndarray:
+        m = self.model_spec
+        flops = 2.0 * m.hidden * m.vocab * np.asarray(requests, dtype=np.float64)
+        return self._roof(flops, float(m.vocab * m.hidden * m.dtype_bytes))
+
+    def allreduce_time(self, tokens: float | np.ndarray) -> np.ndarray:
+        if self.tp == 1:
+            return np.zeros_like(np.asarray(tokens, dtype=np.float64))
+        m, g = self.model_spec, self.gpu_spec
+        data = np.asarray(tokens, dtype=np.float64) * m.hidden * m.dtype_bytes
+        ring = 2.0 * (self.tp - 1) / self.tp * data / g.link_bandwidth
+        return 2 * m.layers * (self.allreduce_latency + ring)
+
+    def token_level_time(self, tokens: float | np.ndarray) -> np.ndarray:
+        """Everything that scales with the step's tokens alone (the matrix products)."""
+        return self.linear_time(tokens)
+
+    # ---- steps --------------------------------------------------------------------------
+    def step_time(
+        self,
+        chunks: Sequence[tuple[int, int]] = (),
+        decode_batch: int = 0,
+        decode_context: int = 0,
+    ) -> float:
+        """One mixed step: prefill `chunks` of (new tokens, tokens already cached) and
+        `decode_batch` decoding requests attending to `decode_context` tokens in total. Every
+        chunk samples a token (a chunk that ends mid-prompt costs one head row too: an upper
+        bound)."""
+        c = np.array([n for n, _ in chunks], dtype=np.float64)
+        k = np.array([kk for _, kk in chunks], dtype=np.float64)
+        tokens = float(c.sum()) + decode_batch
+        pairs = float((c * k + c * (c + 1) / 2).sum()) + decode_context
+        kv_read = float(k.sum()) + decode_context
+        requests = len(chunks) + decode_batch
+        t = (
+            self.token_level_time(tokens)
+            + self.attention_time(pairs, kv_read, tokens)
+            + self.head_time(requests)
+            + self.allreduce_time(tokens)
+        )
+        return float(t) + self.step_overhead
+
+    def prefill_time(self, prompt_lens: np.ndarray) -> float:
+        return self.step_time([(int(p), 0) for p in np.asarray(prompt_lens).tolist()])
+
+    def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(context_tokens, dtype=np.float64)
+        b = float(batch_size)
+        return (
+            self.token_level_time(b)
+            + self.attention_time(ctx, ctx, b)
+            + self.head_time(b)
+            + self.allreduce_time(b)
+            + self.step_overhead
+        )
+
+    def decode_time(self, batch_size: int, context_tokens: int) -> float:
+        return float(self.decode_times(batch_size, np.array([context_tokens]))[0])
+
+    def kv_capacity_tokens(
+        self, memory_utilization: float = 0.9, activation_reserve: float = 2.0 * 1024**3
+    ) -> int:
+        """KV tokens that fit: the memory share an engine may use, less the weights and an
+        activation reserve (per GPU), divided by one token's KV bytes (per GPU)."""
+        if not (0 < memory_utilization <= 1):
+            raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization!r}")
+        m, g = self.model_spec, self.gpu_spec
+        free = g.memory_bytes * memory_utilization - m.weight_bytes / self.tp - activation_reserve
+        if free <= 0:
+            raise ValueError(
+                f"{m.name} ({m.weight_bytes / 1024**3:.1f} GiB of weights) does not fit on "
+                f"{self.tp} x {g.name} with memory_utilization={memory_utilization}"
+            )
+        return int(free // (m.kv_bytes_per_token / self.tp))
