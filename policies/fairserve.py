@@ -30,13 +30,12 @@ from bisect import bisect_left, insort
 from collections.abc import Mapping
 
 import numpy as np
-import pandas as pd
 
 from policies.base import BasePolicy
 from policies.charging import sequential_sum
-from policies.counters import ADMIT, COMPLETE, DECODE, LIFT, CounterLog
+from policies.counters import ADMIT, COMPLETE, DECODE
 from policies.rpm import RPM
-from policies.vtc import LIFTS, NEVER, lift_floor
+from policies.vtc import LIFTS, LeastServed
 from simulator.queue import WaitingQueue
 from traces.schema import Trace
 
@@ -72,7 +71,7 @@ def token_parts(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return trace.prompt_len - system, system, trace.output_len.astype(np.float64)
 
 
-class FairServe(BasePolicy):
+class FairServe(LeastServed):
     name = "fairserve"
 
     def __init__(
@@ -138,10 +137,6 @@ class FairServe(BasePolicy):
         self.interaction, self.call, self.calls = interactions(trace)
         self.factor = self._priority_factors(trace)
         self.admit_charge, self.token_charge, self.complete_charge = self._prices(trace)
-        self.counter = np.zeros(trace.num_clients)
-        self.first_seen = np.full(trace.num_clients, NEVER)
-        self._seen = 0
-        self.log = CounterLog()
         self.user_arrivals: list[list[float]] = [[] for _ in range(trace.num_clients)]
         self.app_arrivals: list[list[float]] = [[] for _ in range(int(self.app.max()) + 1)]
         self.throttled: set[int] = set()  # interactions with a throttled call
@@ -203,26 +198,16 @@ class FairServe(BasePolicy):
         return e * (per_input + per_system) + token, token, zero
 
     # ---- hooks --------------------------------------------------------------------------
-    def counter_events(self) -> pd.DataFrame:
-        return self.log.frame(list(self.trace.client_names))
-
-    def _charge(self, user: int, delta: float, now: float, cause: int) -> None:
-        self.counter[user] += delta
-        self.log.add(now, user, delta, float(self.counter[user]), cause)
-
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         u = int(self.user[req])
-        if self.first_seen[u] == NEVER:
-            self.first_seen[u], self._seen = self._seen, self._seen + 1
+        self._appears(u)
         self.user_arrivals[u].append(now)
         self.app_arrivals[int(self.app[req])].append(now)
         if self.throttle == "always":
             reason = self._limit_rule(req)
             if reason is not None:
                 return reason
-        floor = lift_floor(self.counter, queue, u, self.lift)
-        if floor > self.counter[u]:
-            self._charge(u, floor - self.counter[u], now, LIFT)
+        self._lift(u, now, queue)
         if self.interaction_preference and self.call[req] > 0:
             key = int(self.interaction[req])
             if key in self.started:
@@ -273,15 +258,12 @@ class FairServe(BasePolicy):
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
         """The least-served user's next call of a started interaction, if any waits (the
         interaction preference); else the least-served waiting user's earliest request."""
-        key = lambda u: (self.counter[u], self.first_seen[u])  # noqa: E731
         if self.interaction_preference:
             mid = [u for u, calls in self.ready.items() if calls]
             if mid:
-                return self.ready[min(mid, key=key)][0]
+                return self.ready[self.least_served(mid)][0]
         waiting = queue.waiting_clients()
-        if not waiting:
-            return None
-        return queue.head(min(waiting, key=key))
+        return queue.head(self.least_served(waiting)) if waiting else None
 
     def on_admit(self, req: int, now: float) -> None:
         u = int(self.user[req])

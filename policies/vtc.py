@@ -47,7 +47,44 @@ def lift_floor(counter: np.ndarray, queue: WaitingQueue, client: int, lift: str)
     return -np.inf
 
 
-class VTC(BasePolicy):
+class LeastServed(BasePolicy):
+    """Per-client counters with VTC's lift and least-counter-first selection (ties: the client
+    that appeared first): what VTC, LCF and FairServe's WSC share. Subclasses say what to
+    charge; every change goes to the counter log."""
+
+    lift = "paper"
+
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
+        self.counter = np.zeros(trace.num_clients)
+        self.first_seen = np.full(trace.num_clients, NEVER)
+        self._seen = 0
+        self.log = CounterLog()
+
+    def counter_events(self) -> pd.DataFrame:
+        return self.log.frame(list(self.trace.client_names))
+
+    def _charge(self, client: int, delta: float, now: float, cause: int) -> None:
+        self.counter[client] += delta
+        self.log.add(now, client, delta, float(self.counter[client]), cause)
+
+    def _appears(self, client: int) -> None:
+        """Note the client's first appearance (the selection's tie-break)."""
+        if self.first_seen[client] == NEVER:
+            self.first_seen[client] = self._seen
+            self._seen += 1
+
+    def _lift(self, client: int, now: float, queue: WaitingQueue) -> None:
+        """VTC's counter lift (self.lift) for an arrival of `client`."""
+        floor = lift_floor(self.counter, queue, client, self.lift)
+        if floor > self.counter[client]:
+            self._charge(client, floor - self.counter[client], now, LIFT)
+
+    def least_served(self, clients: list[int]) -> int:
+        return min(clients, key=lambda c: (self.counter[c], self.first_seen[c]))
+
+
+class VTC(LeastServed):
     name = "vtc"
 
     def __init__(
@@ -92,36 +129,18 @@ class VTC(BasePolicy):
             predicted = np.zeros(len(trace))  # filled in at admission from the client's mean
             self.mean_output = np.zeros(trace.num_clients)
         self.charges = TokenCharges(trace, self.service, self.weight, predicted)
-        self.counter = np.zeros(trace.num_clients)
-        self.first_seen = np.full(trace.num_clients, NEVER)
-        self._seen = 0
-        self.log = CounterLog()
         self._charged_step = -1.0  # end time of the last step given the artifact's extra charge
         self._last_step: tuple[float, np.ndarray] | None = None
 
-    def counter_events(self) -> pd.DataFrame:
-        return self.log.frame(list(self.trace.client_names))
-
-    def _charge(self, client: int, delta: float, now: float, cause: int) -> None:
-        self.counter[client] += delta
-        self.log.add(now, client, delta, float(self.counter[client]), cause)
-
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
-        u = int(self.trace.client[req])
-        if self.first_seen[u] == NEVER:
-            self.first_seen[u] = self._seen
-            self._seen += 1
-        floor = lift_floor(self.counter, queue, u, self.lift)
-        if floor > self.counter[u]:
-            self._charge(u, floor - self.counter[u], now, LIFT)
+        c = int(self.trace.client[req])
+        self._appears(c)
+        self._lift(c, now, queue)
         return None
 
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
         waiting = queue.waiting_clients()
-        if not waiting:
-            return None
-        best = min(waiting, key=lambda c: (self.counter[c], self.first_seen[c]))
-        return queue.head(best)
+        return queue.head(self.least_served(waiting)) if waiting else None
 
     def on_admit(self, req: int, now: float) -> None:
         c = int(self.trace.client[req])

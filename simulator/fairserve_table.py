@@ -21,9 +21,12 @@ EXPERIMENTS = ("fairserve_overload", "fairserve_no_overload")
 POLICIES = ("fairserve", "fs_w", "fs_wl", "fs_wo", "rpm_interaction", "vtc")
 
 
-def measure(experiment: str, policy: str) -> dict[str, float]:
+def measure(experiment: str, policy: str, seed: int | None = None) -> dict[str, float]:
+    overrides = [f"experiment={experiment}", f"policy={policy}"]
+    if seed is not None:
+        overrides.append(f"seed={seed}")
     with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={experiment}", f"policy={policy}"])
+        cfg = compose("config", overrides=overrides)
     timeline = simulate(
         build_trace(cfg),
         instantiate(cfg.policy, _convert_="all"),
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", action="append", choices=EXPERIMENTS)
     parser.add_argument("--policy", action="append", choices=POLICIES)
+    parser.add_argument("--seed", type=int, help="the workload's seed (default: the experiment's)")
     args = parser.parse_args(argv)
     head = (
         f"{'experiment':<23}{'policy':<17}{'thr calls':>10}{'thr inter':>10}{'wasted':>8}"
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     print(head)
     for experiment in args.experiment or EXPERIMENTS:
         for policy in args.policy or POLICIES:
-            m = measure(experiment, policy)
+            m = measure(experiment, policy, args.seed)
             print(
                 f"{experiment:<23}{policy:<17}{m['throttled_requests']:>10}"
                 f"{m['throttled_interactions']:>10}{m['wasted_tokens']:>8}"
