@@ -25,3 +25,24 @@ class StepCostModel(Protocol):
         """Seconds of one decode step: exactly `decode_times(batch_size, [context_tokens])[0]`
         (the engine's hot path when it steps one at a time)."""
         ...
+
+
+def mixed_step_time(
+    cost: StepCostModel, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int
+) -> float:
+    """Seconds for one step of a chunked-prefill engine: prefill `chunks` of (new tokens, tokens
+    already cached) next to `decode_batch` decodes attending to `decode_context` tokens.
+
+    Models that price mixed steps themselves (the roofline ones: `step_time`) are asked
+    directly. Otherwise the step costs a prefill step over the chunks' new tokens plus, when
+    decodes ride along, their decode work without a second fixed overhead (`step_overhead`).
+    """
+    step_time = getattr(cost, "step_time", None)
+    if step_time is not None:
+        return float(step_time(chunks, decode_batch, decode_context))
+    t = cost.prefill_time(np.array([n for n, _ in chunks], dtype=np.int64))
+    if decode_batch:
+        t += cost.decode_time(decode_batch, decode_context) - float(
+            getattr(cost, "step_overhead", 0.0)
+        )
+    return float(t)

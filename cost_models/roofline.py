@@ -48,6 +48,13 @@ class RooflineCost:
             raise ValueError("cost_model.step_overhead and allreduce_latency must be >= 0")
         if self.tp > 1 and not self.gpu_spec.link_bandwidth > 0:
             raise ValueError(f"gpu {self.gpu_spec.name!r} has no link bandwidth for tp > 1")
+        m, g = self.model_spec, self.gpu_spec
+        rates = (
+            4.0 * m.hidden * m.layers / (self.tp * g.peak_flops * self.compute_efficiency),
+            m.kv_bytes_per_token / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
+        )
+        object.__setattr__(self, "_rates", rates)
+        object.__setattr__(self, "_terms", {})
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -98,6 +105,27 @@ class RooflineCost:
         return self.linear_time(tokens)
 
     # ---- steps --------------------------------------------------------------------------
+    # The engines ask for step times tens of thousands of times per run: the terms that depend
+    # on a step's token or request count alone are cached per count, and attention is written
+    # out in scalars, so `decode_time` and `decode_times` do the same float operations.
+    def _count_terms(self, tokens: int, requests: int) -> float:
+        """Matrix products, all-reduce and output head of a step (cached per count pair)."""
+        cache: dict[tuple[int, int], float] = self._terms  # type: ignore[attr-defined]
+        t = cache.get((tokens, requests))
+        if t is None:
+            t = float(
+                self.token_level_time(tokens)
+                + self.allreduce_time(tokens)
+                + self.head_time(requests)
+            )
+            cache[(tokens, requests)] = t
+        return t
+
+    def _attention_rates(self) -> tuple[float, float]:
+        """Seconds per (query, key) pair at the compute roof and per KV token at the memory
+        roof."""
+        return self._rates  # type: ignore[attr-defined]
+
     def step_time(
         self,
         chunks: Sequence[tuple[int, int]] = (),
@@ -108,36 +136,34 @@ class RooflineCost:
         `decode_batch` decoding requests attending to `decode_context` tokens in total. Every
         chunk samples a token (a chunk that ends mid-prompt costs one head row too: an upper
         bound)."""
-        c = np.array([n for n, _ in chunks], dtype=np.float64)
-        k = np.array([kk for _, kk in chunks], dtype=np.float64)
-        tokens = float(c.sum()) + decode_batch
-        pairs = float((c * k + c * (c + 1) / 2).sum()) + decode_context
-        kv_read = float(k.sum()) + decode_context
-        requests = len(chunks) + decode_batch
-        t = (
-            self.token_level_time(tokens)
-            + self.attention_time(pairs, kv_read, tokens)
-            + self.head_time(requests)
-            + self.allreduce_time(tokens)
+        tokens, pairs, kv_read = decode_batch, float(decode_context), float(decode_context)
+        for c, k in chunks:
+            tokens += c
+            pairs += c * k + c * (c + 1) / 2
+            kv_read += k
+        per_pair, per_token = self._attention_rates()
+        attention = max(per_pair * pairs, per_token * (kv_read + tokens))
+        return (
+            self._count_terms(tokens, len(chunks) + decode_batch) + attention + (self.step_overhead)
         )
-        return float(t) + self.step_overhead
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         return self.step_time([(int(p), 0) for p in np.asarray(prompt_lens).tolist()])
 
     def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
-        b = float(batch_size)
-        return (
-            self.token_level_time(b)
-            + self.attention_time(ctx, ctx, b)
-            + self.head_time(b)
-            + self.allreduce_time(b)
-            + self.step_overhead
-        )
+        per_pair, per_token = self._attention_rates()
+        attention = np.maximum(per_pair * ctx, per_token * (ctx + batch_size))
+        return self._count_terms(batch_size, batch_size) + attention + self.step_overhead
 
     def decode_time(self, batch_size: int, context_tokens: int) -> float:
-        return float(self.decode_times(batch_size, np.array([context_tokens]))[0])
+        ctx = float(context_tokens)
+        per_pair, per_token = self._rates  # type: ignore[attr-defined]
+        attention = max(per_pair * ctx, per_token * (ctx + batch_size))
+        fixed = self._terms.get((batch_size, batch_size))  # type: ignore[attr-defined]
+        if fixed is None:
+            fixed = self._count_terms(batch_size, batch_size)
+        return fixed + attention + self.step_overhead
 
     def kv_capacity_tokens(
         self, memory_utilization: float = 0.9, activation_reserve: float = 2.0 * 1024**3

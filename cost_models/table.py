@@ -11,10 +11,13 @@ any profiled one still costs more rather than being clamped.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from scipy.interpolate import LinearNDInterpolator
+
+if TYPE_CHECKING:  # scipy is imported when a table is loaded, not with every cost model
+    from scipy.interpolate import LinearNDInterpolator
 
 REQUIRED = ("phase", "batch_size", "tokens", "seconds")
 
@@ -50,6 +53,8 @@ class TableStepCost:
         # a triangulation needs 3 points not on one line; otherwise the plane is all we have
         self._inside: LinearNDInterpolator | None = None
         if len(vals) >= 3 and np.linalg.matrix_rank(design) == 3:
+            from scipy.interpolate import LinearNDInterpolator
+
             self._inside = LinearNDInterpolator(pts, vals)
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:

@@ -3,6 +3,9 @@
 The engine owns queues and memory; a policy owns its own state (counters, windows) and answers
 the engine's questions. Call order on one engine, for every request:
 `on_arrival` (may reject) -> `pick` ... `on_admit` -> `on_decode` (per decode run) -> `on_finish`.
+A chunked-prefill engine (vLLM-style) binds with `chunked=True`: prompts are then charged
+chunk by chunk through `on_prompt` instead of at admission, and the engine may preempt a running
+request (`preemption_victim`) and later admit it again (without a second `on_admit`).
 `pick` is asked repeatedly while a batch is formed. The engine first `screen`s the picked request
 (a reason drops it from the queue as rejected, and picking goes on); when the picked request
 cannot be admitted (memory, prefill budget or running cap) the engine calls `on_blocked` (a reason
@@ -23,7 +26,7 @@ from traces.schema import Trace
 class Policy(Protocol):
     name: str
 
-    def bind(self, trace: Trace) -> None:
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
         """Reset all state for a run over `trace` (called once before the run starts)."""
         ...
 
@@ -37,6 +40,11 @@ class Policy(Protocol):
 
     def on_admit(self, req: int, now: float) -> None:
         """`req` left the queue and is prefilled in the step starting at `now`."""
+        ...
+
+    def on_prompt(self, req: int, tokens: int, now: float) -> None:
+        """Chunked engines: `tokens` more prompt tokens of `req` are computed in the step
+        starting at `now` (cache hits are not reported; recomputation only if charged)."""
         ...
 
     def screen(self, req: int, now: float) -> str | None:
@@ -75,8 +83,9 @@ class BasePolicy:
 
     name = "base"
 
-    def bind(self, trace: Trace) -> None:
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
         self.trace = trace
+        self.chunked = chunked
 
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         return None
@@ -85,6 +94,9 @@ class BasePolicy:
         raise NotImplementedError
 
     def on_admit(self, req: int, now: float) -> None:
+        return None
+
+    def on_prompt(self, req: int, tokens: int, now: float) -> None:
         return None
 
     def screen(self, req: int, now: float) -> str | None:

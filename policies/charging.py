@@ -50,6 +50,7 @@ class TokenCharges:
         self.prompt = trace.prompt_len.astype(np.float64)
         self.predicted = predicted  # per request; None = no prediction
         self.generated = np.zeros(len(trace), dtype=np.int64)
+        self.prompt_done = np.zeros(len(trace))  # chunked engines: prompt tokens charged
         # one price per output token, no prediction: a per-client count is all a step needs
         self.constant_token_price = (
             float(service.output_price)
@@ -62,6 +63,25 @@ class TokenCharges:
         self.generated[req] = 1
         q = 0.0 if self.predicted is None else float(self.predicted[req])
         return float(self.h(self.prompt[req], q)) / self.weight[self.trace.client[req]]
+
+    def admit_chunked(self, req: int) -> float:
+        """Chunked engines: the charge at admission when the prompt is charged by chunks, i.e.
+        only a predicted output, h(n_p, predicted) - h(n_p, 0)."""
+        self.generated[req] = 1
+        if self.predicted is None:
+            return 0.0
+        p, q = self.prompt[req], float(self.predicted[req])
+        return (float(self.h(p, q)) - float(self.h(p, 0.0))) / self.weight[self.trace.client[req]]
+
+    def prompt_chunk(self, req: int, tokens: int) -> float:
+        """Chunked engines: `tokens` more prompt tokens, h(done + tokens, 0) - h(done, 0) (the
+        first chunk pays h's constant), so whole prompts cost h(n_p, 0) however they are cut.
+        Recomputed tokens, when charged, continue the count (priced as prompt tokens)."""
+        lo = float(self.prompt_done[req])
+        hi = lo + tokens
+        self.prompt_done[req] = hi
+        before = float(self.h(lo, 0.0)) if lo else 0.0
+        return (float(self.h(hi, 0.0)) - before) / self.weight[self.trace.client[req]]
 
     def decode(
         self, running: np.ndarray, clients: np.ndarray, steps: int

@@ -3,7 +3,8 @@
 Each event is (time, client, delta, cause, value): `value` is the counter right after the change.
 Causes: admit (prompt, plus the predicted output for VTC with prediction), decode, finish_extra
 (the artifact's quirk), refund (prediction above the actual length), lift (VTC's counter lift),
-refill (DRR's quantum), complete (FairServe's charge at completion, the artifact's form).
+refill (DRR's quantum), complete (FairServe's charge at completion, the artifact's form),
+prompt (a chunk of prompt computed by a chunked-prefill engine, charged as it is scheduled).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-CAUSES = ("admit", "decode", "finish_extra", "refund", "lift", "refill", "complete")
-ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL, COMPLETE = range(len(CAUSES))
+CAUSES = ("admit", "decode", "finish_extra", "refund", "lift", "refill", "complete", "prompt")
+ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL, COMPLETE, PROMPT = range(len(CAUSES))
 
 
 class CounterLog:

@@ -42,7 +42,9 @@ class DRR(BasePolicy):
         self.service = make_service(service, input_price, output_price)
         self.weights = dict(weights or {})
 
-    def bind(self, trace: Trace) -> None:
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
+        if chunked:
+            raise ValueError("policy=drr runs on engine=slora only (it charges whole prompts)")
         super().bind(trace)
         weight = client_weights(trace, self.weights)
         self.charges = TokenCharges(trace, self.service, weight)

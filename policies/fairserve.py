@@ -33,7 +33,7 @@ import numpy as np
 
 from policies.base import BasePolicy
 from policies.charging import sequential_sum
-from policies.counters import ADMIT, COMPLETE, DECODE
+from policies.counters import ADMIT, COMPLETE, DECODE, PROMPT
 from policies.rpm import RPM
 from policies.vtc import LIFTS, LeastServed
 from simulator.queue import WaitingQueue
@@ -90,6 +90,7 @@ class FairServe(LeastServed):
         user_limit: int = 10,
         app_limit: int = 2000,
         window: float = 60.0,
+        victim: str = "fcfs",
     ) -> None:
         if charge not in CHARGES:
             raise ValueError(f"policy.charge must be one of {CHARGES}, got {charge!r}")
@@ -115,6 +116,7 @@ class FairServe(LeastServed):
         self.interaction_preference = interaction_preference
         self.user_limit, self.app_limit, self.window = int(user_limit), int(app_limit), window
         self.name = self._variant()
+        self.victim = self._check_victim(victim)
 
     def _variant(self) -> str:
         """The paper's name for this combination of switches (printouts, counters)."""
@@ -130,13 +132,15 @@ class FairServe(LeastServed):
         return "fairserve_custom"
 
     # ---- set-up -------------------------------------------------------------------------
-    def bind(self, trace: Trace) -> None:
-        super().bind(trace)
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
+        super().bind(trace, chunked)
         self.user = trace.client
         self.app = app_codes(trace)
         self.interaction, self.call, self.calls = interactions(trace)
         self.factor = self._priority_factors(trace)
         self.admit_charge, self.token_charge, self.complete_charge = self._prices(trace)
+        self.system_price, self.input_price = self._prompt_prices(trace)
+        self.prompt_done = np.zeros(len(trace), dtype=np.int64)  # chunked: tokens charged
         self.user_arrivals: list[list[float]] = [[] for _ in range(trace.num_clients)]
         self.app_arrivals: list[list[float]] = [[] for _ in range(int(self.app.max()) + 1)]
         self.throttled: set[int] = set()  # interactions with a throttled call
@@ -196,6 +200,22 @@ class FairServe(LeastServed):
         per_system = np.divide(ls, exp[:, 1], out=zero.copy(), where=exp[:, 1] > 0)
         token = e * 2.0 / exp[:, 2]
         return e * (per_input + per_system) + token, token, zero
+
+    def _prompt_prices(self, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+        """Chunked engines: per request, the price of one system-prompt token and of one
+        user-input token (the system prompt comes first), so that a whole prompt plus the first
+        token costs what `_prices` charges at admission."""
+        e = self.factor[self.user]
+        zero = np.zeros(len(trace))
+        if self.charge == "paper":
+            exp = self._expected(trace, by_stage=True)
+            w = self.alpha * exp[:, 0] + self.beta * exp[:, 1] + self.gamma * exp[:, 2]
+            return e * self.beta / w, e * self.alpha / w
+        if self.charge == "completion":
+            return zero, zero
+        exp = self._expected(trace, by_stage=False)
+        per_system = np.divide(e, exp[:, 1], out=zero.copy(), where=exp[:, 1] > 0)
+        return per_system, np.divide(e, exp[:, 0], out=zero.copy(), where=exp[:, 0] > 0)
 
     # ---- hooks --------------------------------------------------------------------------
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
@@ -274,8 +294,18 @@ class FairServe(LeastServed):
                 self.started.add(key)
                 for call in self.pending.pop(key, []):
                     insort(self.ready.setdefault(u, []), call)
-        if self.admit_charge[req]:
-            self._charge(u, float(self.admit_charge[req]), now, ADMIT)
+        first = self.token_charge[req] if self.chunked else self.admit_charge[req]
+        if first:  # chunked: only the first output token here, the prompt by chunks
+            self._charge(u, float(first), now, ADMIT)
+
+    def on_prompt(self, req: int, tokens: int, now: float) -> None:
+        done = int(self.prompt_done[req])
+        self.prompt_done[req] = done + tokens
+        system = 0 if self.trace.system_prompt_len is None else self.trace.system_prompt_len[req]
+        in_system = max(0, min(done + tokens, int(system)) - done)
+        price = in_system * self.system_price[req] + (tokens - in_system) * self.input_price[req]
+        if price:
+            self._charge(int(self.user[req]), float(price), now, PROMPT)
 
     def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
         if self.charge == "completion":
@@ -306,8 +336,8 @@ class RPMInteraction(BasePolicy):
     def __init__(self, limit: int = 10, window: float = 60.0) -> None:
         self._rpm = RPM(limit, window)
 
-    def bind(self, trace: Trace) -> None:
-        super().bind(trace)
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
+        super().bind(trace, chunked)
         self._rpm.bind(trace)
         self.interaction, _, _ = interactions(trace)
         self.aborted: set[int] = set()

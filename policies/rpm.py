@@ -24,8 +24,8 @@ class RPM(BasePolicy):
             raise ValueError(f"policy.window must be > 0 seconds, got {window!r}")
         self.limit, self.window = int(limit), float(window)
 
-    def bind(self, trace: Trace) -> None:
-        super().bind(trace)
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
+        super().bind(trace, chunked)
         self.accepted: list[deque[float]] = [deque() for _ in range(trace.num_clients)]
 
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:

@@ -23,12 +23,13 @@ import pandas as pd
 
 from policies.base import BasePolicy
 from policies.charging import TokenCharges, client_weights, sequential_sum
-from policies.counters import ADMIT, DECODE, FINISH_EXTRA, LIFT, REFUND, CounterLog
+from policies.counters import ADMIT, DECODE, FINISH_EXTRA, LIFT, PROMPT, REFUND, CounterLog
 from policies.service import make_service
 from simulator.queue import WaitingQueue
 from traces.schema import Trace
 
 LIFTS = ("paper", "artifact", "none")
+VICTIMS = ("fcfs", "max_counter")
 PREDICTIONS = ("none", "oracle", "moving_average")
 NEVER = np.iinfo(np.int64).max
 
@@ -53,9 +54,10 @@ class LeastServed(BasePolicy):
     charge; every change goes to the counter log."""
 
     lift = "paper"
+    victim = "fcfs"
 
-    def bind(self, trace: Trace) -> None:
-        super().bind(trace)
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
+        super().bind(trace, chunked)
         self.counter = np.zeros(trace.num_clients)
         self.first_seen = np.full(trace.num_clients, NEVER)
         self._seen = 0
@@ -83,6 +85,23 @@ class LeastServed(BasePolicy):
     def least_served(self, clients: list[int]) -> int:
         return min(clients, key=lambda c: (self.counter[c], self.first_seen[c]))
 
+    def preemption_victim(self, running: list[int]) -> int:
+        """ "fcfs": the most recently admitted request; "max_counter": the most recently
+        admitted request of the running client with the largest counter (ties: the client that
+        appeared last)."""
+        if self.victim == "fcfs":
+            return running[-1]
+        client = self.trace.client
+        clients = {int(client[r]) for r in running}
+        top = max(clients, key=lambda c: (self.counter[c], self.first_seen[c]))
+        return next(r for r in reversed(running) if client[r] == top)
+
+    @staticmethod
+    def _check_victim(victim: str) -> str:
+        if victim not in VICTIMS:
+            raise ValueError(f"policy.victim must be one of {VICTIMS}, got {victim!r}")
+        return victim
+
 
 class VTC(LeastServed):
     name = "vtc"
@@ -98,6 +117,7 @@ class VTC(LeastServed):
         prediction: str = "none",
         predict_range: float = 0.0,
         seed: int = 0,
+        victim: str = "fcfs",
     ) -> None:
         if lift not in LIFTS:
             raise ValueError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
@@ -113,9 +133,10 @@ class VTC(LeastServed):
         self.predict_range, self.seed = float(predict_range), int(seed)
         self.weights = dict(weights or {})
         self.finish_extra_charge = finish_extra_charge
+        self.victim = self._check_victim(victim)
 
-    def bind(self, trace: Trace) -> None:
-        super().bind(trace)
+    def bind(self, trace: Trace, chunked: bool = False) -> None:
+        super().bind(trace, chunked)
         self.weight = client_weights(trace, self.weights)
         predicted = None
         if self.prediction == "oracle":
@@ -146,7 +167,16 @@ class VTC(LeastServed):
         c = int(self.trace.client[req])
         if self.prediction == "moving_average":
             self.charges.predicted[req] = self.mean_output[c]  # type: ignore[index]
-        self._charge(c, self.charges.admit(req), now, ADMIT)
+        if not self.chunked:
+            self._charge(c, self.charges.admit(req), now, ADMIT)
+            return
+        rest = self.charges.admit_chunked(req)
+        if rest:
+            self._charge(c, rest, now, ADMIT)
+
+    def on_prompt(self, req: int, tokens: int, now: float) -> None:
+        c = int(self.trace.client[req])
+        self._charge(c, self.charges.prompt_chunk(req, tokens), now, PROMPT)
 
     def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
         for c, incs in self.charges.decode(running, clients, step_ends.shape[0]):
@@ -185,5 +215,8 @@ class LCF(VTC):
         output_price: float = 2.0,
         weights: Mapping[str, float] | None = None,
         service: str = "linear",
+        victim: str = "fcfs",
     ) -> None:
-        super().__init__(input_price, output_price, lift="none", weights=weights, service=service)
+        super().__init__(
+            input_price, output_price, lift="none", weights=weights, service=service, victim=victim
+        )

@@ -45,6 +45,17 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['pool_tokens']} tokens",
         "times in seconds",
     ]
+    vllm = summary.get("vllm")
+    if vllm is not None:
+        lines.insert(
+            -1,
+            f"vLLM engine: {vllm['preemptions']} preemptions ({vllm['preempted_requests']} "
+            f"requests), prefix-cache hit rate {_fmt(100 * vllm['prefix_hit_rate'], 1)}% "
+            "of admitted prompt tokens",
+        )
+    replicas = summary.get("replicas") or []
+    if len(replicas) > 1:
+        lines.insert(-1, format_replicas(replicas))
     inter = summary.get("interactions")
     if inter is not None:
         lat = inter["interaction_latency"]
@@ -54,6 +65,22 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"({summary['throttled_requests']} calls), wasted prompt tokens "
             f"{summary['wasted_tokens']}, completed {inter['service_provided']} of "
             f"{inter['interactions_ended']} ended, completion time mean {_fmt(lat['mean'])}",
+        )
+    return "\n".join(lines)
+
+
+def format_replicas(replicas: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'replica':<9}{'requests':>9}{'done':>7}{'out tok':>10}{'tok/s':>10}"
+        f"{'TTFT mean':>11}{'TTFT p99':>10}{'preempt':>9}{'KV mean':>9}"
+    )
+    lines = [head]
+    for r in replicas:
+        lines.append(
+            f"{r['replica']:<9}{r['requests']:>9}{r['completed']:>7}{r['output_tokens']:>10}"
+            f"{_fmt(r['throughput_tokens_per_s'], 1):>10}{_fmt(r['ttft_mean']):>11}"
+            f"{_fmt(r['ttft_p99']):>10}{r['preemptions']:>9}"
+            f"{_fmt(100 * r['kv_utilisation']['mean'], 1) + '%':>9}"
         )
     return "\n".join(lines)
 

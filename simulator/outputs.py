@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from simulator import interactions, metrics
+from simulator import interactions, metrics, replica_metrics
 from simulator.fairness import fairness_summary, tick_span
 from simulator.timeline import STATUSES, Timeline
 
@@ -56,6 +56,11 @@ def summarize(
             "per_app": interactions.per_app(requests, max(end, 1e-9)).to_dict("records"),
             "interaction_latency": interactions.interaction_latency(requests),
         }
+    if "preemptions" in requests:  # engine=vllm
+        extra["vllm"] = replica_metrics.engine_counts(requests)
+        extra["replicas"] = replica_metrics.per_replica(
+            requests, tokens, steps, timeline.pool_tokens
+        )
     reasons = (
         requests[requests.status != "completed"].groupby(["status", "reason"], observed=True).size()
     )

@@ -22,7 +22,9 @@ import pandas as pd
 
 from cost_models.base import StepCostModel
 from policies.fcfs import FCFS
+from simulator.cluster import simulate_cluster
 from simulator.engine import SLoRAConfig, SLoRAEngine
+from simulator.vllm import VLLMConfig
 from traces.schema import Trace
 
 PROFILE_LENGTHS = tuple(256 * 2**k for k in range(7))  # 256, 512, ..., 16384
@@ -47,7 +49,7 @@ class PrefillCurve:
 
 def profile_prefill(
     cost_model: StepCostModel,
-    engine: SLoRAConfig | None = None,
+    engine: SLoRAConfig | VLLMConfig | None = None,
     lengths: Sequence[int] = PROFILE_LENGTHS,
 ) -> pd.DataFrame:
     """TTFT of lone requests at each prompt length (columns prompt_len, ttft)."""
@@ -55,13 +57,6 @@ def profile_prefill(
     if not lengths or lengths[0] < 1:
         raise ValueError(f"profile lengths must be integers >= 1; got {lengths}")
     biggest = lengths[-1]
-    base = engine or SLoRAConfig()
-    isolated = dataclasses.replace(
-        base,
-        batch_max_tokens=max(base.batch_max_tokens, biggest),
-        pool_tokens=max(base.pool_tokens, biggest + 2 + base.reserve_per_client),
-        horizon=None,
-    )
     spacing = 2.0 * float(cost_model.prefill_time(np.array([biggest]))) + 1.0
     trace = Trace.from_columns(
         client=["profile"] * len(lengths),
@@ -70,7 +65,20 @@ def profile_prefill(
         output_len=np.ones(len(lengths), dtype=np.int64),
         source="prefill profile",
     )
-    timeline = SLoRAEngine(trace, FCFS(), cost_model, isolated).run()
+    if isinstance(engine, VLLMConfig):  # chunked as the engine chunks, in a pool that fits
+        blocks = engine.num_blocks(cost_model)
+        pool = max(blocks, -(-(biggest + 1) // engine.block_size)) * engine.block_size
+        lone = dataclasses.replace(engine, pool_tokens=pool, horizon=None)
+        timeline = simulate_cluster(trace, FCFS(), cost_model, lone)
+    else:
+        base = engine or SLoRAConfig()
+        isolated = dataclasses.replace(
+            base,
+            batch_max_tokens=max(base.batch_max_tokens, biggest),
+            pool_tokens=max(base.pool_tokens, biggest + 2 + base.reserve_per_client),
+            horizon=None,
+        )
+        timeline = SLoRAEngine(trace, FCFS(), cost_model, isolated).run()
     return pd.DataFrame(
         {"prompt_len": trace.prompt_len, "ttft": timeline.first_token_at - timeline.arrival}
     )

@@ -15,27 +15,41 @@ class WaitingQueue:
     def __init__(self, client_of: list[int]) -> None:
         self._client_of = client_of
         self._lanes: dict[int, deque[int]] = {}
-        self._heap: list[int] = []  # push sequence numbers
-        self._pushed: list[int] = []  # request of each sequence number
-        self._removed: set[int] = set()
-        self._size = 0
+        self._heap: list[int] = []  # sequence numbers of waiting requests (and removed ones)
+        self._request: dict[int, int] = {}  # sequence number -> request, while it waits
+        self._seq: dict[int, int] = {}  # request -> its sequence number, while it waits
+        self._back = 0  # next sequence number at the back (push)
+        self._front = 0  # last sequence number used at the front (push_front), counting down
         self.last_left_client: int | None = None  # the client whose request last left the queue
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._seq)
 
     def push(self, req: int) -> None:
         self._lanes.setdefault(self._client_of[req], deque()).append(req)
-        heapq.heappush(self._heap, len(self._pushed))
-        self._pushed.append(req)
-        self._size += 1
+        self._enter(req, self._back)
+        self._back += 1
+
+    def push_front(self, req: int) -> None:
+        """Put a request back at the head of its lane and of the global order (a preempted
+        request in the vLLM-style engine)."""
+        self._lanes.setdefault(self._client_of[req], deque()).appendleft(req)
+        self._front -= 1
+        self._enter(req, self._front)
+
+    def _enter(self, req: int, seq: int) -> None:
+        if req in self._seq:
+            raise ValueError(f"request {req} is already waiting")
+        heapq.heappush(self._heap, seq)
+        self._request[seq] = req
+        self._seq[req] = seq
 
     def oldest(self) -> int | None:
         """The earliest waiting request over all clients (FCFS order)."""
-        heap, pushed = self._heap, self._pushed
-        while heap and pushed[heap[0]] in self._removed:
-            self._removed.discard(pushed[heapq.heappop(heap)])
-        return pushed[heap[0]] if heap else None
+        heap = self._heap
+        while heap and heap[0] not in self._request:
+            heapq.heappop(heap)  # removed earlier
+        return self._request[heap[0]] if heap else None
 
     def head(self, client: int) -> int | None:
         lane = self._lanes.get(client)
@@ -64,6 +78,5 @@ class WaitingQueue:
                 raise ValueError(
                     f"request {req} is not waiting in client {client}'s lane"
                 ) from None
-        self._removed.add(req)
-        self._size -= 1
+        del self._request[self._seq.pop(req)]
         self.last_left_client = client

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cost_models.base import StepCostModel
 from policies.base import Policy
+from simulator.cluster import ClusterConfig, simulate_cluster
 from simulator.engine import Progress, SLoRAConfig, SLoRAEngine, unfit_requests
 from simulator.fairness import fairness_summary, tick_span
 from simulator.outputs import RunOutputs, json_safe, write_run
@@ -22,18 +23,34 @@ from simulator.qoe import QoEConfig, qoe_summary, request_values
 from simulator.slo import SLO, evaluate_slos, parse_slos
 from simulator.timeline import Timeline
 from simulator.veeksha_outputs import write_veeksha_metrics
+from simulator.vllm import VLLMConfig
+from simulator.vllm import unfit_requests as vllm_unfit_requests
 from traces.schema import Trace
+
+EngineConfig = SLoRAConfig | VLLMConfig
 
 
 def simulate(
     trace: Trace,
     policy: Policy,
     cost_model: StepCostModel,
-    engine: SLoRAConfig | None = None,
+    engine: EngineConfig | None = None,
     progress: Progress | None = None,
+    cluster: ClusterConfig | None = None,
 ) -> Timeline:
-    """Run `trace` through the S-LoRA engine under `policy` and return its timeline."""
+    """Run `trace` under `policy` on the configured engine (S-LoRA by default; a `VLLMConfig`
+    runs vLLM-style replicas behind `cluster`'s dispatcher) and return its timeline."""
+    if isinstance(engine, VLLMConfig):
+        return simulate_cluster(trace, policy, cost_model, engine, cluster, progress)
+    if cluster is not None and cluster.replicas > 1:
+        raise ValueError("cluster.replicas > 1 needs engine=vllm (the S-LoRA engine runs alone)")
     return SLoRAEngine(trace, policy, cost_model, engine or SLoRAConfig(), progress).run()
+
+
+def unfit(trace: Trace, engine: EngineConfig, cost: StepCostModel) -> dict[str, int]:
+    if isinstance(engine, VLLMConfig):
+        return vllm_unfit_requests(trace, engine, cost)
+    return unfit_requests(trace, engine)
 
 
 def build_trace(cfg: DictConfig) -> Trace:
@@ -49,26 +66,27 @@ def run_config(
     policy = instantiate(cfg.policy, _convert_="all")
     cost = instantiate(cfg.cost_model, _convert_="all")
     engine = instantiate(cfg.engine, _convert_="all")
+    cluster = instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None
     raw_slos = cfg.get("slos")
     slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
-    unfit = unfit_requests(trace, engine)
-    if unfit:
-        counts = ", ".join(f"{n} {reason}" for reason, n in unfit.items())
+    unfit_counts = unfit(trace, engine, cost)
+    if unfit_counts:
+        counts = ", ".join(f"{n} {reason}" for reason, n in unfit_counts.items())
         print(
-            f"fairsim: {sum(unfit.values())} of {len(trace)} requests can never fit the engine "
-            f"and will be refused ({counts})",
+            f"fairsim: {sum(unfit_counts.values())} of {len(trace)} requests can never fit the "
+            f"engine and will be refused ({counts})",
             file=sys.stderr,
         )
-    timeline = simulate(trace, policy, cost, engine, progress)
+    timeline = simulate(trace, policy, cost, engine, progress, cluster)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     outputs = write_run(timeline, out_dir, resolved)
-    outputs.summary["unfit_requests"] = unfit
+    outputs.summary["unfit_requests"] = unfit_counts
     Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
     if cfg.get("qoe"):
         add_qoe(cfg, outputs, out_dir, cost, engine, slos)
     other = cfg.get("compare_with")
     if other and other != policy.name:
-        outputs.summary["comparison"] = compare(trace, other, cost, engine)
+        outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster)
         Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
     return timeline, outputs
 
@@ -78,7 +96,7 @@ def add_qoe(
     outputs: RunOutputs,
     out_dir: str | Path,
     cost: StepCostModel,
-    engine: SLoRAConfig,
+    engine: EngineConfig,
     slos: list[SLO],
 ) -> None:
     """The `qoe` block of summary.json, the SLO results, and (unless switched off) the
@@ -110,7 +128,11 @@ def add_qoe(
 
 
 def compare(
-    trace: Trace, policy_name: str, cost: StepCostModel, engine: SLoRAConfig
+    trace: Trace,
+    policy_name: str,
+    cost: StepCostModel,
+    engine: EngineConfig,
+    cluster: ClusterConfig | None = None,
 ) -> dict[str, Any]:
     """The same trace and engine under another policy (its conf/policy default): its fairness
     figures and throughput, for the side-by-side printout."""
@@ -119,7 +141,9 @@ def compare(
     else:
         with initialize_config_module("conf", version_base="1.3"):
             policy_cfg = compose("config", overrides=[f"policy={policy_name}"]).policy
-    timeline = simulate(trace, instantiate(policy_cfg, _convert_="all"), cost, engine)
+    timeline = simulate(
+        trace, instantiate(policy_cfg, _convert_="all"), cost, engine, cluster=cluster
+    )
     requests, tokens = timeline.requests_frame(), timeline.tokens_frame()
     total = tick_span(timeline.info.get("end_time"))
     return {"policy": policy_name, **fairness_summary(requests, tokens, total=total)}

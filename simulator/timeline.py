@@ -17,8 +17,8 @@ from traces.schema import OPTIONAL_INT_COLUMNS, Trace
 
 STATUSES = ("completed", "rejected", "refused", "in_flight")
 COMPLETED, REJECTED, REFUSED, IN_FLIGHT = range(4)
-STEP_KINDS = ("prefill", "decode")
-PREFILL, DECODE = range(2)
+STEP_KINDS = ("prefill", "decode", "mixed")  # mixed: chunked prefill next to decodes (vLLM)
+PREFILL, DECODE, MIXED = range(3)
 
 
 class StepLog:
@@ -91,6 +91,10 @@ class Timeline:
     pool_tokens: int
     info: dict[str, object] = field(default_factory=dict)
     counters: pd.DataFrame | None = None  # the policy's counter events (policies/counters.py)
+    # vLLM-style engines: tokens come in runs of consecutive steps (a preemption ends one),
+    # columns row, index (of the run's first token), step (row into `steps`), count
+    token_runs: dict[str, np.ndarray] | None = None
+    request_columns: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. preemptions
 
     TOKEN_BLOCK = 1 << 20  # tokens per block when expanding the per-token timeline
 
@@ -100,6 +104,8 @@ class Timeline:
         Rows and indices are int32 to keep tens of millions of tokens compact; the arrays are
         filled a block of rows at a time so that no full-length temporaries are needed.
         """
+        if self.token_runs is not None:
+            return self._run_token_times()
         g = self.generated
         total = int(g.sum())
         rows = np.repeat(np.arange(g.shape[0], dtype=np.int32), g)
@@ -127,6 +133,32 @@ class Timeline:
         time[starts[has]] = self.first_token_at[has]
         return rows, index, time
 
+    def _run_token_times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Token times from runs: token index + j of a run is emitted at the end of step + j.
+        Filled a block of runs at a time, like `token_times`, to keep temporaries small."""
+        runs = self.token_runs
+        assert runs is not None
+        order = np.lexsort((runs["index"], runs["row"]))
+        row, first, step, count = (runs[k][order] for k in ("row", "index", "step", "count"))
+        total = int(count.sum())
+        rows = np.repeat(row.astype(np.int32), count)
+        index = np.empty(total, dtype=np.int32)
+        time = np.empty(total)
+        starts = np.cumsum(count) - count
+        ends = self.steps["end"]
+        bounds = np.searchsorted(starts, np.arange(0, max(total, 1), self.TOKEN_BLOCK))
+        for lo, hi in zip(bounds.tolist(), [*bounds[1:].tolist(), count.shape[0]], strict=True):
+            if lo == hi:
+                continue
+            cs = count[lo:hi]
+            a = int(starts[lo])
+            b = a + int(cs.sum())
+            within = np.arange(b - a, dtype=np.int64) - np.repeat(starts[lo:hi] - a, cs)
+            index[a:b] = within + np.repeat(first[lo:hi], cs)
+            within += np.repeat(step[lo:hi], cs)
+            ends.take(within, out=time[a:b])
+        return rows, index, time
+
     def requests_frame(self) -> pd.DataFrame:
         """One row per request; a trace's optional columns (interactions, think times) follow."""
         t = self.trace
@@ -150,6 +182,7 @@ class Timeline:
                 "first_token_at": self.first_token_at,
                 "finished_at": self.finished_at,
                 "tokens_emitted": self.generated,
+                **self.request_columns,
                 **optional,
             }
         )

@@ -37,3 +37,26 @@ def random_trace(seed: int, n: int, clients: int, max_prompt: int, max_output: i
         prompt_len=rng.integers(1, max_prompt + 1, n),
         output_len=rng.integers(1, max_output + 1, n),
     )
+
+
+def check_accounting(tl):  # type: ignore[no-untyped-def]
+    """What every engine's timeline must satisfy: each request has a status (and a reason
+    unless completed), completed ones emitted exactly their output, token times strictly
+    increase within a request, start after its arrival, and the last is the finish time.
+    Returns (rows, index, times) of the token table for further checks."""
+    from simulator.timeline import COMPLETED, STATUSES
+
+    t = tl.trace
+    assert set(np.unique(tl.status)) <= set(range(len(STATUSES)))
+    done = tl.status == COMPLETED
+    assert (tl.generated[done] == t.output_len[done]).all()
+    assert (tl.generated <= t.output_len).all()
+    assert (tl.reason[~done] != None).all()  # noqa: E711 (object array)
+    rows, index, times = tl.token_times()
+    assert rows.shape[0] == tl.generated.sum()
+    same = rows[1:] == rows[:-1]
+    assert (np.diff(times)[same] > 0).all(), "token times must strictly increase"
+    first = index == 0
+    assert (times[first] > tl.arrival[rows[first]]).all()
+    assert (tl.finished_at[done] == times[np.cumsum(tl.generated)[done] - 1]).all()
+    return rows, index, times

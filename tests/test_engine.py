@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import a10g_cost, random_trace
+from conftest import a10g_cost, check_accounting, random_trace
 from cost_models import ConstantStepCost
 from policies import FCFS
 from simulator.engine import SLoRAConfig
@@ -26,19 +26,7 @@ def trace(arrival, prompt, output, client=None):
 
 def check_invariants(tl, cfg):
     """Accounting, token conservation, ordering and memory, for any run."""
-    t = tl.trace
-    assert set(np.unique(tl.status)) <= set(range(len(STATUSES)))
-    done = tl.status == COMPLETED
-    assert (tl.generated[done] == t.output_len[done]).all()
-    assert (tl.generated <= t.output_len).all()
-    assert (tl.reason[~done] != None).all()  # noqa: E711 (object array)
-    rows, index, times = tl.token_times()
-    assert rows.shape[0] == tl.generated.sum()
-    same = rows[1:] == rows[:-1]
-    assert (np.diff(times)[same] > 0).all(), "token times must strictly increase"
-    first = index == 0
-    assert (times[first] > t.arrival[rows[first]]).all()
-    assert (tl.finished_at[done] == times[np.cumsum(tl.generated)[done] - 1]).all()
+    check_accounting(tl)
     assert (tl.steps["kv_used"] <= cfg.pool_tokens).all()
     assert (tl.steps["start"][1:] >= tl.steps["end"][:-1]).all(), "steps never overlap"
     if cfg.horizon is None:

@@ -91,6 +91,7 @@ class Trace:
     system_prompt_len: np.ndarray | None = None
     think_time: np.ndarray | None = None  # chained arrivals: see `predecessor`
     block_hashes: np.ndarray | None = None  # object: per row, the prompt's KV block hash ids
+    hash_block_tokens: int = 512  # prompt tokens each block hash id covers (Mooncake: 512)
     source: str = field(default="<trace>", compare=False)
 
     def __len__(self) -> int:
@@ -119,6 +120,7 @@ class Trace:
         optional: Mapping[str, Sequence[int] | np.ndarray] | None = None,
         think_time: Sequence[float] | np.ndarray | None = None,
         block_hashes: Sequence[np.ndarray] | np.ndarray | None = None,
+        hash_block_tokens: int = 512,
         source: str = "<trace>",
         sort: bool = False,
     ) -> Trace:
@@ -144,6 +146,8 @@ class Trace:
             cols["think_time"] = think_time
         if block_hashes is not None:
             cols["block_hashes"] = block_hashes
+        if int(hash_block_tokens) != hash_block_tokens or hash_block_tokens < 1:
+            raise _fail(source, None, "hash_block_tokens", hash_block_tokens, "an integer >= 1")
         for name, values in {**cols, **(optional or {})}.items():
             length = len(values)  # type: ignore[arg-type]
             if length != n:
@@ -214,6 +218,7 @@ class Trace:
             system_prompt_len=take(extra.get("system_prompt_len")),
             think_time=take(think),
             block_hashes=None if block_hashes is None else _object_column(block_hashes)[order],
+            hash_block_tokens=int(hash_block_tokens),
             source=source,
         )
 

@@ -1,0 +1,80 @@
+"""Vidur's workload on fairsim: the full Azure 2023 conversation trace (19,366 requests, 26.2M
+tokens) on 2 replicas of Llama-2-7B on A100-80GB, engine=vllm, round robin, per-token timeline on.
+
+Vidur needed about 70 s of wall time and 1.1 GB for the same requests without per-token output on
+this machine. Target (issue 7): wall <= 3.5 s and peak <= 300 MB. Wall time covers loading the
+trace, simulating and building the per-token table; peak is the process's maximum resident set.
+The same run with fast-forward off is timed too (`--compare`), with the ratio. Needs
+../shared/data/azure2023/conv_vidur_format.csv (or --path). Prints one JSON object last.
+
+Usage: python bench/azure_conv_cluster.py [--path CSV] [--compare]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cost_models import VidurProfileCost
+from policies import FCFS
+from simulator.cluster import ClusterConfig, simulate_cluster
+from simulator.vllm import VLLMConfig
+from traces.loaders import load_vidur
+
+DEFAULT = Path(__file__).resolve().parents[1].parent / "shared/data/azure2023/conv_vidur_format.csv"
+
+
+def run(path: Path, fast_forward: bool) -> tuple[float, dict[str, float | int | str]]:
+    t0 = time.perf_counter()
+    trace = load_vidur(path)
+    cost = VidurProfileCost(model="llama-2-7b", gpu="a100-80gb")
+    engine = VLLMConfig(fast_forward=fast_forward)  # pool: A100 memory less weights
+    timeline = simulate_cluster(trace, FCFS(), cost, engine, ClusterConfig(2, "round_robin"))
+    rows, index, times = timeline.token_times()
+    wall = time.perf_counter() - t0
+    h = hashlib.sha256()
+    for a in (rows, index, times, timeline.steps["end"], timeline.finished_at):
+        h.update(np.ascontiguousarray(a).tobytes())
+    steps = int(timeline.steps["end"].shape[0])
+    return (
+        wall,
+        {
+            "requests": len(trace),
+            "completed": int((timeline.status == 0).sum()),
+            "output_tokens": int(rows.shape[0]),
+            "steps": steps,
+            "simulated_steps_per_s": round(steps / wall),
+            "preemptions": int(timeline.request_columns["preemptions"].sum()),
+            "end_time_s": round(float(timeline.info["end_time"]), 3),  # type: ignore[arg-type]
+            "timeline_sha256": h.hexdigest()[:16],
+        },
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--path", type=Path, default=DEFAULT)
+    ap.add_argument("--compare", action="store_true", help="also run with fast-forward off")
+    args = ap.parse_args()
+    if not args.path.exists():
+        sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")
+    wall, facts = run(args.path, True)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out: dict[str, object] = {"wall_s": round(wall, 3), "peak_mb": round(peak_mb, 1), **facts}
+    if args.compare:
+        slow, other = run(args.path, False)
+        out["stepping_wall_s"] = round(slow, 3)
+        out["speedup"] = round(slow / wall, 2)
+        out["same_timeline"] = other["timeline_sha256"] == facts["timeline_sha256"]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Paged KV memory for the vLLM-style engine: fixed-size blocks, optional prefix cache.
+
+A request holds ceil(tokens / block_size) blocks for the tokens whose KV it has (or is about to)
+compute. With prefix caching, full prompt blocks are keyed by content (the trace's block hash ids,
+see `block_keys`); a finished or preempted request's keyed blocks stay cached, unreferenced, until
+an allocation needs room and evicts the least recently freed. A new request reuses the longest
+cached run of its leading keys, capped at prompt - 1 tokens (the last prompt token must be
+computed to sample the first output token). A cached block shared by several running requests
+counts once.
+
+`free` is the number of blocks an allocation may take: empty ones plus unreferenced cached ones.
+The pool never hands out more than it has; `check` verifies the counts.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+
+def block_keys(hashes: np.ndarray, hash_block: int, block_size: int, tokens: int) -> list[int]:
+    """Content keys of the full `block_size`-token blocks of a `tokens`-token prompt whose trace
+    hash ids each cover `hash_block` tokens (Mooncake 512, the agentic sessions 64). Engine block j
+    ends at token e = (j + 1) * block_size - 1, inside trace block e // hash_block; its content is
+    fixed by that trace block's id (ids are prefix-chained) and the offset of e in it. Blocks past
+    the listed ids have no key (they are never shared)."""
+    keys: list[int] = []
+    ids = hashes.tolist()
+    for j in range(tokens // block_size):
+        end = (j + 1) * block_size - 1
+        k = end // hash_block
+        if k >= len(ids):
+            break
+        keys.append(int(ids[k]) * hash_block + end % hash_block)
+    return keys
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, caching: bool) -> None:
+        self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
+        self.empty = num_blocks  # blocks holding nothing
+        self.held: dict[int, int] = {}  # request -> blocks it holds (shared cached ones included)
+        self.refs: dict[int, int] = {}  # cached key -> running requests holding it
+        self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached keys, oldest first
+        self.owned: dict[int, list[int]] = {}  # request -> the cached keys it references
+        self.hits = 0  # prompt tokens served from the cache
+
+    @property
+    def free(self) -> int:
+        return self.empty + len(self.lru)
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - self.free
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    # ---- prefix cache -------------------------------------------------------------------
+    def cached_prefix(self, keys: list[int], num_tokens: int) -> int:
+        """Leading blocks of `keys` in the cache, capped so at most num_tokens - 1 tokens hit."""
+        if not self.caching:
+            return 0
+        cap = (num_tokens - 1) // self.block_size
+        n = 0
+        for key in keys[:cap]:
+            if key not in self.refs:
+                break
+            n += 1
+        return n
+
+    def _reference(self, req: int, keys: list[int]) -> None:
+        for key in keys:
+            if self.refs[key] == 0:
+                del self.lru[key]
+            self.refs[key] += 1
+        self.owned[req] = list(keys)
+
+    # ---- allocation ---------------------------------------------------------------------
+    def admit(self, req: int, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> bool:
+        """Give a waiting request its first `tokens` tokens' blocks, the first `hit_blocks` from
+        the cache, keeping at least `reserve` blocks free; False (nothing changes) if short."""
+        new = self.blocks_for(tokens) - hit_blocks
+        reused_free = sum(1 for key in keys[:hit_blocks] if self.refs[key] == 0)
+        if new > self.free - reused_free - reserve:
+            return False
+        self._reference(req, keys[:hit_blocks])
+        self.take(new)
+        self.held[req] = hit_blocks + new
+        return True
+
+    def grow(self, req: int, tokens: int) -> bool:
+        """Make a running request hold blocks for `tokens` tokens; False (nothing changes) if
+        the pool is short."""
+        new = self.blocks_for(tokens) - self.held[req]
+        if new <= 0:
+            return True
+        if new > self.free:
+            return False
+        self.take(new)
+        self.held[req] += new
+        return True
+
+    def take(self, n: int) -> None:
+        """Hand out n blocks: empty ones first, then evict cached ones (the caller checked
+        that n <= free)."""
+        from_empty = min(n, self.empty)
+        self.empty -= from_empty
+        for _ in range(n - from_empty):  # evict the least recently freed cached blocks
+            key, _ = self.lru.popitem(last=False)
+            del self.refs[key]
+
+    def register(self, req: int, keys: list[int], computed: int) -> None:
+        """After a step: the request's full prompt blocks now computed become cached (first
+        writer wins; a duplicate stays private to its request)."""
+        if not self.caching:
+            return
+        owned = self.owned.setdefault(req, [])
+        for key in keys[len(owned) : min(len(keys), computed // self.block_size)]:
+            if key in self.refs:
+                break  # someone else computed it first: the rest of ours stays private
+            self.refs[key] = 1
+            owned.append(key)
+
+    def release(self, req: int) -> None:
+        """Free everything the request holds (finish or preemption). Cached keys it referenced
+        go to the eviction order, its last block first, so a shared prefix outlives its tails."""
+        held = self.held.pop(req)
+        owned = self.owned.pop(req, [])
+        self.empty += held - len(owned)
+        for key in reversed(owned):
+            self.refs[key] -= 1
+            if self.refs[key] == 0:
+                self.lru[key] = None
+
+    def check(self) -> None:
+        held_private = sum(self.held.values()) - sum(len(k) for k in self.owned.values())
+        cached = len(self.refs)
+        if self.empty < 0 or held_private + cached + self.empty != self.num_blocks:
+            raise RuntimeError(
+                f"KV blocks out of balance: {held_private} private + {cached} cached + "
+                f"{self.empty} empty != {self.num_blocks} (please report it)"
+            )

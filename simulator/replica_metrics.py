@@ -1,0 +1,66 @@
+"""Metrics of the vLLM-style engine and of clusters: preemptions, prefix-cache hits, per replica.
+
+Pure functions of the run folder's tables (requests.parquet gains `replica`, `preemptions` and
+`cached_tokens`; steps.parquet gains `replica` and `preempted` under engine=vllm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator import metrics
+
+
+def engine_counts(requests: pd.DataFrame) -> dict[str, Any]:
+    """Preemptions and prefix-cache hits, overall and per client. The hit rate is the share of
+    admitted prompt tokens served from the cache (every admission counts, resumes included)."""
+    admitted = requests[requests.admitted_at.notna()]
+    per_client: dict[str, dict[str, float | int]] = {}
+    for client, g in admitted.groupby("client", observed=True):
+        per_client[str(client)] = _counts(g)
+    return {**_counts(admitted), "per_client": per_client}
+
+
+def _counts(g: pd.DataFrame) -> dict[str, float | int]:
+    prompt = int(g.prompt_len.sum())
+    cached = int(g.cached_tokens.sum())
+    return {
+        "preemptions": int(g.preemptions.sum()),
+        "preempted_requests": int((g.preemptions > 0).sum()),
+        "cached_prompt_tokens": cached,
+        "prefix_hit_rate": cached / prompt if prompt else 0.0,
+    }
+
+
+def per_replica(
+    requests: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame, pool_tokens: int
+) -> list[dict[str, Any]]:
+    """One record per replica: requests it ran, completions, output tokens, token throughput
+    (prompt + output of its completed requests over its last finish), TTFT mean and p99,
+    preemptions, KV utilisation. Requests never admitted under a shared queue have replica -1
+    and are left out."""
+    out = []
+    replica_of = requests.set_index("request_id").replica
+    token_replica = replica_of.reindex(tokens.request_id).to_numpy()
+    for rep in sorted(int(r) for r in steps.replica.unique()):
+        r = requests[requests.replica == rep]
+        done = r[r.status == "completed"]
+        ttft = (done.first_token_at - done.arrival).to_numpy()
+        out.append(
+            {
+                "replica": rep,
+                "requests": len(r),
+                "completed": len(done),
+                "output_tokens": int((token_replica == rep).sum()),
+                "throughput_tokens_per_s": metrics.token_throughput(r),
+                "ttft_mean": float(ttft.mean()) if ttft.size else float("nan"),
+                "ttft_p99": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
+                "preemptions": int(r.preemptions.sum()),
+                "kv_utilisation": metrics.kv_utilisation(steps[steps.replica == rep], pool_tokens),
+                "steps": int((steps.replica == rep).sum()),
+            }
+        )
+    return out

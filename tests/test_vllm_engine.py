@@ -1,0 +1,311 @@
+"""The vLLM-style engine (engine.md section 2): paged blocks, chunked prefill, recompute
+preemption, prefix caching, fast-forward, and the policies' charges on it."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_engine import workloads
+
+from conftest import a10g_cost, check_accounting, random_trace
+from cost_models import ConstantStepCost, RooflineCost
+from policies import FCFS, LCF, RPM, VTC
+from policies.base import BasePolicy
+from policies.fairserve import FairServe
+from simulator.cluster import simulate_cluster
+from simulator.kv_blocks import BlockPool, block_keys
+from simulator.timeline import COMPLETED, IN_FLIGHT
+from simulator.vllm import VLLMConfig
+from traces import Trace
+
+CONST = ConstantStepCost(prefill=0.1, decode=0.01)
+
+
+def trace(arrival, prompt, output, client=None, hashes=None, hash_block=16):
+    n = len(arrival)
+    return Trace.from_columns(
+        client=client or ["a"] * n,
+        arrival=arrival,
+        prompt_len=prompt,
+        output_len=output,
+        block_hashes=hashes,
+        hash_block_tokens=hash_block,
+    )
+
+
+def check_invariants(tl, cfg):
+    """Accounting, token conservation, ordering and memory, for any vLLM run."""
+    rows, index, times = check_accounting(tl)
+    assert (np.diff(rows) >= 0).all()
+    same = rows[1:] == rows[:-1]
+    assert (np.diff(index)[same] == 1).all(), "token indices run 0, 1, 2, ..."
+    first = index == 0
+    assert (times[first] == tl.first_token_at[rows[first]]).all()
+    steps = tl.steps
+    assert (steps["kv_used"] <= tl.pool_tokens).all(), "memory never exceeds the pool"
+    for rep in np.unique(steps["replica"]):
+        mine = steps["replica"] == rep
+        assert (steps["start"][mine][1:] >= steps["end"][mine][:-1]).all(), "no overlap"
+    assert steps["num_tokens"].max(initial=0) <= cfg.max_num_batched_tokens
+    assert steps["batch_size"].max(initial=0) <= cfg.max_num_seqs
+    pre = tl.request_columns["preemptions"]
+    assert pre.sum() == steps["preempted"].sum(), "every preemption is shown in the steps"
+    if cfg.horizon is None:
+        assert not (tl.status == IN_FLIGHT).any()
+        assert tl.info["kv_used_at_end"] == 0, "blocks are freed on finish"
+
+
+engines = st.builds(
+    VLLMConfig,
+    pool_tokens=st.sampled_from([640, 2000, 100_000]),
+    block_size=st.sampled_from([1, 16]),
+    max_num_batched_tokens=st.sampled_from([32, 512]),
+    max_num_seqs=st.sampled_from([4, 256]),
+    watermark=st.sampled_from([0.0, 0.05]),
+    horizon=st.sampled_from([None, 3.0]),
+)
+policies = st.sampled_from([FCFS, VTC, lambda: VTC(victim="max_counter"), LCF])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads, engines, policies)
+def test_fast_forward_gives_the_timeline_of_stepping(tr, cfg, make_policy):
+    cost = a10g_cost()
+    on = simulate_cluster(tr, make_policy(), cost, cfg)
+    off = simulate_cluster(
+        tr, make_policy(), cost, VLLMConfig(**{**vars(cfg), "fast_forward": False})
+    )
+    check_invariants(on, cfg)
+    assert on.requests_frame().equals(off.requests_frame())
+    for a, b in zip(on.token_times(), off.token_times(), strict=True):
+        assert np.array_equal(a, b)
+    for key in on.steps:
+        assert np.array_equal(on.steps[key], off.steps[key]), key
+    if on.counters is not None:
+        assert on.counters.equals(off.counters)
+
+
+def test_huge_pool_no_preemption_and_hand_computed_ttfts():
+    # A: 300-token prompt, budget 128 -> chunks 128, 128, 44 (three prefill steps, 0.1 s each);
+    # B arrives at 0.505 while A decodes (steps end 0.31, 0.32, ...): admitted in the step that
+    # starts at 0.51, a mixed step (0.1 prefill + 0.01 decode) ending at 0.62.
+    tr = trace([0.0, 0.505], [300, 100], [40, 5])
+    cfg = VLLMConfig(pool_tokens=1_000_000, max_num_batched_tokens=128)
+    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    check_invariants(tl, cfg)
+    assert tl.request_columns["preemptions"].sum() == 0
+    assert tl.first_token_at[0] == pytest.approx(0.3)
+    assert tl.first_token_at[1] == pytest.approx(0.62)
+    # tokens 1-21 by decode steps, 22 by the mixed step, 23-39 by 17 more decode steps
+    assert tl.finished_at[0] == pytest.approx(0.3 + 0.01 * 21 + 0.11 + 0.01 * 17)
+    kinds = tl.steps_frame().kind.astype(str).tolist()
+    assert kinds[:4] == ["prefill", "prefill", "prefill", "decode"]
+    assert "mixed" in kinds
+
+
+class Spy(BasePolicy):
+    """FCFS that records prompt charges and preemption victims."""
+
+    name = "spy"
+
+    def bind(self, trace, chunked=False):
+        super().bind(trace, chunked)
+        self.prompt_tokens = np.zeros(len(trace), dtype=np.int64)
+
+    def pick(self, queue, now):
+        return queue.oldest()
+
+    def on_prompt(self, req, tokens, now):
+        self.prompt_tokens[req] += tokens
+
+
+def test_recompute_restores_exactly_prompt_plus_generated_tokens():
+    # pool 48 tokens = 3 blocks of 16; two 8-token prompts decode until both need a second
+    # block at 16 tokens (9 generated): the later one is preempted, the earlier finishes alone
+    # (8 + 30 - 1 tokens fit 3 blocks), then the victim recomputes 8 + 9 tokens in one step.
+    tr = trace([0.0, 0.0], [8, 8], [30, 30])
+    cfg = VLLMConfig(pool_tokens=48, block_size=16, charge_recompute=True, prefix_caching=False)
+    spy = Spy()
+    tl = simulate_cluster(tr, spy, CONST, cfg)
+    check_invariants(tl, cfg)
+    assert tl.request_columns["preemptions"].tolist() == [0, 1], "FCFS: the tail of running"
+    steps = tl.steps_frame()
+    resume = steps[(steps.start >= tl.finished_at[0]) & (steps.kind == "prefill")]
+    assert resume.num_tokens.iloc[0] == 8 + 9
+    # charged: the prompt once, then the 16 positions computed before (the 9th generated
+    # token's KV was never computed, so it is new work, not recomputation)
+    assert spy.prompt_tokens.tolist() == [8, 8 + 16]
+    uncharged = Spy()
+    simulate_cluster(tr, uncharged, CONST, VLLMConfig(**{**vars(cfg), "charge_recompute": False}))
+    assert uncharged.prompt_tokens.tolist() == [8, 8]
+    rows, _, times = tl.token_times()
+    gaps = np.diff(times[rows == 1])
+    assert (gaps > 0.05).sum() == 1, "one stall: the preemption"
+
+
+def test_the_victim_goes_back_to_the_head_of_the_queue():
+    tr = trace([0.0, 0.0, 0.001], [8, 8, 8], [30, 30, 5])
+    cfg = VLLMConfig(pool_tokens=48, block_size=16, prefix_caching=False)
+    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    check_invariants(tl, cfg)
+    assert tl.request_columns["preemptions"].tolist() == [0, 1, 0]
+    rows, _, times = tl.token_times()
+    mine = times[rows == 1]
+    resumed = mine[1:][np.diff(mine) > 0.05][0]
+    # request 2 arrived before request 1 was preempted but waits behind it
+    assert tl.first_token_at[2] >= resumed
+
+
+def test_max_counter_victim_is_the_most_served_clients_latest_request():
+    v = VTC(victim="max_counter")
+    tr = trace([0, 0, 0], [10, 10, 10], [5, 5, 5], client=["a", "b", "a"])
+    v.bind(tr, chunked=True)
+    v.counter[:] = [1.0, 7.0]
+    assert v.preemption_victim([0, 1, 2]) == 1
+    v.counter[:] = [9.0, 7.0]
+    assert v.preemption_victim([0, 1, 2]) == 2
+    assert VTC().preemption_victim([2, 0, 1]) == 1
+    with pytest.raises(ValueError, match="victim"):
+        VTC(victim="random")
+
+
+def test_identical_prompts_hit_all_but_the_last_token():
+    p = 16 * 8 + 1  # the hit is whole blocks, capped at prompt - 1 tokens
+    n = 6
+    hashes = [np.arange(9, dtype=np.int64)] * n  # same content: the same block ids
+    tr = trace(np.arange(n) * 1.0, [p] * n, [4] * n, hashes=hashes, hash_block=16)
+    cfg = VLLMConfig(pool_tokens=10_000)
+    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    check_invariants(tl, cfg)
+    assert tl.request_columns["cached_tokens"].tolist() == [0] + [p - 1] * (n - 1)
+    off = simulate_cluster(tr, FCFS(), CONST, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
+    assert off.request_columns["cached_tokens"].sum() == 0
+    # a hit saves prefill work: a later request's TTFT is a 1-token step, not a whole prompt
+    cost = a10g_cost()
+    hit = simulate_cluster(tr, FCFS(), cost, cfg)
+    miss = simulate_cluster(tr, FCFS(), cost, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
+    assert (hit.first_token_at - tr.arrival)[1] < (miss.first_token_at - tr.arrival)[1]
+
+
+def test_prefix_hits_are_free_for_vtc_and_reported_per_client():
+    p, n = 16 * 4 + 1, 4
+    hashes = [np.arange(5, dtype=np.int64)] * n
+    tr = trace(np.arange(n) * 1.0, [p] * n, [3] * n, client=["a", "b", "a", "b"], hashes=hashes)
+    v = VTC(lift="none")
+    tl = simulate_cluster(tr, v, CONST, VLLMConfig(pool_tokens=10_000))
+    # a: 65 computed + 1 (the hit leaves one token), outputs 2 charged tokens each at w_q = 2
+    assert v.counter[tr.client_of("a")] == (p + 1) + 2 * 2 * 2
+    assert v.counter[tr.client_of("b")] == (1 + 1) + 2 * 2 * 2
+    from simulator.replica_metrics import engine_counts
+
+    counts = engine_counts(tl.requests_frame())
+    assert counts["per_client"]["b"]["prefix_hit_rate"] == pytest.approx((2 * (p - 1)) / (2 * p))
+
+
+def test_lru_eviction_frees_the_oldest_unreferenced_blocks_first():
+    pool = BlockPool(num_blocks=4, block_size=2, caching=True)
+    assert pool.admit(0, [10, 11], 0, 4, reserve=0)
+    pool.register(0, [10, 11], 4)
+    pool.release(0)  # both cached, unreferenced; free again
+    assert pool.free == 4 and pool.cached_prefix([10, 11], 5) == 2
+    assert pool.admit(1, [20, 21, 22], 0, 6, reserve=0)  # needs 3: evicts one cached block
+    pool.check()
+    # the tail block (11) went first, so the shared prefix (10) survives
+    assert pool.cached_prefix([10, 11], 5) == 1
+    assert not pool.admit(2, [], 0, 4, reserve=0)  # 1 free: a 2-block request must wait
+    pool.check()
+
+
+def test_block_keys_follow_the_trace_hash_granularity():
+    # 512-token hash blocks (Mooncake) cut into 16-token engine blocks
+    keys = block_keys(np.array([7, 9]), 512, 16, 1024)
+    assert len(keys) == 64 and len(set(keys)) == 64
+    assert keys[:32] == block_keys(np.array([7, 3]), 512, 16, 600)[:32]
+    assert keys[32] != block_keys(np.array([7, 3]), 512, 16, 600)[32]
+
+
+def test_refuses_requests_that_can_never_finish():
+    tr = trace([0.0, 0.0], [100, 10], [100, 10])
+    cfg = VLLMConfig(pool_tokens=160, block_size=16)
+    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    assert tl.reason[0] == "kv_pool_too_small"
+    assert tl.status[1] == COMPLETED
+
+
+def test_engine_does_not_use_output_lengths_to_admit():
+    # Both fit at admission though their final KV does not: vLLM admits and later preempts.
+    tr = trace([0.0, 0.0], [16, 16], [40, 40])
+    tl = simulate_cluster(tr, FCFS(), CONST, VLLMConfig(pool_tokens=80, block_size=16))
+    assert tl.admitted_at[1] == 0.0
+    assert tl.request_columns["preemptions"].sum() >= 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        VTC,
+        lambda: VTC(weights={"a": 2.0}),
+        LCF,
+        lambda: RPM(limit=5),
+        FairServe,
+    ],
+)
+def test_fair_policies_run_on_the_vllm_engine(make):
+    tr = random_trace(seed=3, n=150, clients=3, max_prompt=300, max_output=64, rate=20.0)
+    tr = Trace.from_columns(
+        client=[("a", "b", "c")[c] for c in tr.client],
+        arrival=tr.arrival,
+        prompt_len=tr.prompt_len,
+        output_len=tr.output_len,
+    )
+    cfg = VLLMConfig(pool_tokens=3000, max_num_batched_tokens=256)
+    tl = simulate_cluster(tr, make(), RooflineCost(), cfg)
+    check_invariants(tl, cfg)
+
+
+def test_vtc_counters_charge_computed_prompt_tokens_and_outputs():
+    tr = random_trace(seed=5, n=60, clients=2, max_prompt=300, max_output=40, rate=30.0)
+    v = VTC(lift="none")
+    cfg = VLLMConfig(pool_tokens=1200, max_num_batched_tokens=128, prefix_caching=False)
+    tl = simulate_cluster(tr, v, a10g_cost(), cfg)
+    r = tl.requests_frame()
+    assert r.preemptions.sum() > 0  # recompute happened, and was not charged
+    admitted = r.admitted_at.notna().to_numpy()
+    for c in range(2):
+        mine = (tr.client == c) & admitted
+        outputs = np.maximum(tl.generated[mine] - 1, 0).sum()
+        expected = tr.prompt_len[mine].sum() + 2 * outputs
+        assert v.counter[c] == pytest.approx(expected)
+
+
+def test_drr_says_it_runs_on_slora_only():
+    from policies import DRR
+
+    with pytest.raises(ValueError, match="engine=slora"):
+        simulate_cluster(trace([0.0], [10], [2]), DRR(), CONST, VLLMConfig(pool_tokens=1000))
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="engine.block_size"):
+        VLLMConfig(block_size=0)
+    with pytest.raises(ValueError, match="engine.watermark"):
+        VLLMConfig(watermark=1.5)
+    with pytest.raises(ValueError, match="engine.pool_tokens is null"):
+        simulate_cluster(trace([0.0], [10], [2]), FCFS(), CONST, VLLMConfig())
+
+
+def test_agentic_sessions_reuse_their_growing_context():
+    from conftest import shared_file
+    from traces.agentic import load_agentic_sessions
+
+    path = shared_file("agentic/claude_code_sessions_flat.csv")
+    tr = load_agentic_sessions(path, sessions=2, block_hashes=True)
+    assert tr.hash_block_tokens == 64
+    assert all(len(h) == p // 64 for h, p in zip(tr.block_hashes, tr.prompt_len, strict=True))
+    cfg = VLLMConfig(pool_tokens=2_000_000, max_num_batched_tokens=8192)
+    tl = simulate_cluster(tr, FCFS(), RooflineCost(gpu="h100"), cfg)
+    check_invariants(tl, cfg)
+    from simulator.replica_metrics import engine_counts
+
+    # about 96% of an agent's blocks repeat its previous call's
+    assert engine_counts(tl.requests_frame())["prefix_hit_rate"] > 0.8
