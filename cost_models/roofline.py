@@ -113,11 +113,11 @@ class RooflineCost:
         cache: dict[tuple[int, int], float] = self._terms  # type: ignore[attr-defined]
         t = cache.get((tokens, requests))
         if t is None:
-            t = float(
-                self.token_level_time(tokens)
-                + self.allreduce_time(tokens)
-                + self.head_time(requests)
-            )
+            per_tokens = cache.get((tokens, -1))  # the token-level part alone
+            if per_tokens is None:
+                per_tokens = float(self.token_level_time(tokens) + self.allreduce_time(tokens))
+                cache[(tokens, -1)] = per_tokens
+            t = per_tokens + float(self.head_time(requests))
             cache[(tokens, requests)] = t
         return t
 

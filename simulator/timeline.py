@@ -146,7 +146,8 @@ class Timeline:
         time = np.empty(total)
         starts = np.cumsum(count) - count
         ends = self.steps["end"]
-        bounds = np.searchsorted(starts, np.arange(0, max(total, 1), self.TOKEN_BLOCK))
+        block = self.TOKEN_BLOCK // 4  # four int64 temporaries per token below
+        bounds = np.searchsorted(starts, np.arange(0, max(total, 1), block))
         for lo, hi in zip(bounds.tolist(), [*bounds[1:].tolist(), count.shape[0]], strict=True):
             if lo == hi:
                 continue

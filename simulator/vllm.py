@@ -28,6 +28,7 @@ end, so every replica sees the others exactly as of that instant.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,7 +37,7 @@ import numpy as np
 import simpy
 
 from cost_models.base import StepCostModel, mixed_step_time
-from policies.base import Policy
+from policies.base import BasePolicy, Policy
 from simulator.kv_blocks import BlockPool, block_keys
 from simulator.queue import WaitingQueue
 from simulator.timeline import COMPLETED, REFUSED, REJECTED
@@ -172,6 +173,8 @@ class VLLMEngine:
         self.watermark_blocks = int(cfg.watermark * self.pool.num_blocks)
         self._prompt, self._output = log.prompt, log.output
         self.running: list[int] = []
+        # policies that leave on_decode alone (FCFS, RPM) need no per-step arrays
+        self.charges_decode = type(policy).on_decode is not BasePolicy.on_decode
         self.now = 0.0
         self.steps = 0
         self.wake: simpy.Event | None = None  # set while idle in a coupled cluster
@@ -180,7 +183,11 @@ class VLLMEngine:
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
         self.stalled: set[int] = set()  # decoding requests a step left out (token run ended)
-        self._records: list[tuple] = []  # per run: (start, ends, kind, batch, tokens, kv, pre)
+        # step records, compact: every end and KV, and per run of equal steps (first start,
+        # steps, kind, batch size, tokens, preempted)
+        self._ends = array("d")
+        self._kv = array("q")
+        self._runs = array("d")
 
     # ---- arrivals -------------------------------------------------------------------------
     def can_ever_run(self, req: int) -> bool:
@@ -273,6 +280,19 @@ class VLLMEngine:
         new: list[int] = []
         preempted = 0
         i = 0
+        n_run = len(running)
+        known = 0  # leading rows known to be plain decodes
+        if n_run and n_run <= budget and not prefilling and not self.stalled:
+            # the common case: every running request decodes one token; those whose last
+            # block is full need a new one, and if the pool has them nothing is preempted
+            full = [r for r in running if computed[r] == held[r] * size]
+            if len(full) <= pool.free:
+                for r in full:
+                    held[r] += 1
+                pool.take(len(full))
+                rows, new, i = list(running), [1] * n_run, n_run
+                budget -= n_run
+                known = n_run
         while i < len(running) and budget > 0:
             r = running[i]
             if r in prefilling:
@@ -296,7 +316,7 @@ class VLLMEngine:
             if preempted and running:  # an empty step: decide again, with fewer running
                 return self._schedule(carried + preempted)
             return None
-        return self._timed(rows, new, preempted + carried)
+        return self._timed(rows, new, preempted + carried, known)
 
     def _make_room(
         self, r: int, n: int, i: int, rows: list[int], new: list[int], budget: int
@@ -371,13 +391,15 @@ class VLLMEngine:
         for peer in self.peers:
             peer.wake_if_idle()
 
-    def _timed(self, rows: list[int], new: list[int], preempted: int) -> Step:
-        """Charge the scheduled prompt chunks and time the step."""
+    def _timed(self, rows: list[int], new: list[int], preempted: int, known: int = 0) -> Step:
+        """Charge the scheduled prompt chunks and time the step (the first `known` rows are
+        plain decodes)."""
         log, policy, now, prefilling = self.log, self.policy, self.now, self.prefilling
         prompt, computed, hw = self._prompt, log.computed, log.high_water
         chunks: list[tuple[int, int]] = []
-        decodes = context = 0
-        for r, n in zip(rows, new, strict=True):
+        decodes = known
+        context = sum([computed[r] for r in rows[:known]]) + known
+        for r, n in zip(rows[known:], new[known:], strict=True):
             c = computed[r]
             if r not in prefilling:
                 decodes += 1
@@ -419,13 +441,19 @@ class VLLMEngine:
         rows = list(self.running)
         n = len(rows)
         computed, gen, out = log.computed, log.generated, self._output
-        first = [(-computed[r]) % b + 1 for r in rows]  # the step of each one's next new block
+        first = []  # the step at which each one starts a new block
+        context = n  # tokens the first step attends to
+        k = MAX_RUN_STEPS
+        for r in rows:
+            c = computed[r]
+            first.append((-c) % b + 1)
+            context += c
+            k = min(k, out[r] - gen[r])
         free = pool.free
 
         def need(j: int) -> int:
             return sum((j - f) // b + 1 for f in first if f <= j)
 
-        k = min(MAX_RUN_STEPS, min([out[r] - gen[r] for r in rows]))
         if free < n * (k // b + 1) and need(k) > free:  # (each needs <= k // b + 1 blocks)
             if need(1) > free:
                 return False
@@ -437,22 +465,24 @@ class VLLMEngine:
         cut = np.inf if n >= cfg.max_num_seqs else self.feed.next_time()  # an admissible arrival
         if cfg.horizon is not None:
             cut = min(cut, cfg.horizon)
-        context = sum([computed[r] for r in rows]) + n
         ends = self._decode_ends(n, context, k, cut)
         k = ends.shape[0]
         last = float(ends[-1])
 
-        rows_arr = np.asarray(rows, dtype=np.int64)
-        clients = log.client[rows_arr]
-        done = 0
-        while self.feed.next_time() <= last:
-            t = self.feed.next_time()
-            j = int(np.searchsorted(ends, t, side="left"))
-            if j > done:
-                policy.on_decode(rows_arr, clients, ends[done:j])
-                done = j
-            self.feed.ingest(t)
-        policy.on_decode(rows_arr, clients, ends[done:])
+        if self.charges_decode:
+            rows_arr = np.asarray(rows, dtype=np.int64)
+            clients = log.client[rows_arr]
+            done = 0
+            while self.feed.next_time() <= last:  # arrivals see the charges before them
+                t = self.feed.next_time()
+                j = int(np.searchsorted(ends, t, side="left"))
+                if j > done:
+                    policy.on_decode(rows_arr, clients, ends[done:j])
+                    done = j
+                self.feed.ingest(t)
+            policy.on_decode(rows_arr, clients, ends[done:])
+        else:
+            self.feed.ingest(last)
 
         grown = [0] * (k + 1)  # blocks newly taken at each step of the run
         for f in first:
@@ -463,7 +493,7 @@ class VLLMEngine:
         kv = []
         for j in range(1, k + 1):
             used += grown[j]
-            kv.append(used * b)
+            kv.append(used * b)  # blocks in use after each step, in tokens
         held = pool.held
         for r in rows:
             c_r = computed[r] + k
@@ -471,7 +501,7 @@ class VLLMEngine:
             computed[r] = c_r
             gen[r] += k
         pool.take(sum(grown))
-        self._record(self.now, ends, DECODE, n, n, np.array(kv), 0)
+        self._record(self.now, ends, DECODE, n, n, kv, 0)
         self.steps += k
         self.now = last
         self._finish([r for r in rows if gen[r] == out[r]])
@@ -490,8 +520,9 @@ class VLLMEngine:
                 if end >= cut:
                     break
             return np.array(short)
-        times = cost.decode_times(n, context + n * np.arange(k, dtype=np.int64))
-        ends = np.cumsum(np.concatenate(([self.now], times)))[1:]
+        ends = cost.decode_times(n, context + n * np.arange(k, dtype=np.int64))
+        ends[0] += self.now  # now + t0, then + t1, ...: the scalar loop's additions
+        np.cumsum(ends, out=ends)
         stop = int(np.searchsorted(ends, cut, side="left"))  # first end >= cut
         return ends[: stop + 1]
 
@@ -531,10 +562,10 @@ class VLLMEngine:
                 if r not in scheduled and r not in prefilling and r not in self.stalled:
                     self.stalled.add(r)
                     log.close_segment(r, self.index)
-        if emitted:
+        if emitted and self.charges_decode:
             rows = np.asarray(emitted, dtype=np.int64)
             self.policy.on_decode(rows, log.client[rows], np.array([end]))
-        kv = np.array([pool.used * self.cfg.block_size])
+        kv = [pool.used * self.cfg.block_size]
         ends = np.array([end])
         self._record(step.start, ends, step.kind, len(step.rows), sum(step.new), kv, step.preempted)
         self.steps += 1
@@ -562,37 +593,29 @@ class VLLMEngine:
         kind: int,
         batch: int,
         tokens: int,
-        kv: np.ndarray,
+        kv: list[int],
         preempted: int,
     ) -> None:
+        """Append a run of steps with equal batch: its first start, every end, KV per step."""
         if kv[-1] > self.pool_tokens:  # KV only grows within a record
-            raise RuntimeError(f"KV pool over-committed: {int(kv[-1])} > {self.pool_tokens}")
-        self._records.append((start, ends, kind, batch, tokens, kv, preempted))
+            raise RuntimeError(f"KV pool over-committed: {kv[-1]} > {self.pool_tokens}")
+        self._ends.frombytes(ends.tobytes())
+        self._kv.extend(kv)
+        self._runs.extend((start, len(kv), kind, batch, tokens, preempted))
 
     def step_columns(self) -> dict[str, np.ndarray]:
         """Per-step records of this replica (kinds: 0 prefill, 1 decode, 2 mixed)."""
-        recs = self._records
-        if not recs:
-            return {
-                "start": np.empty(0),
-                "end": np.empty(0),
-                "kind": np.empty(0, np.int8),
-                "batch_size": np.empty(0, np.int64),
-                "num_tokens": np.empty(0, np.int64),
-                "kv_used": np.empty(0, np.int64),
-                "preempted": np.empty(0, np.int64),
-            }
-        end = np.concatenate([r[1] for r in recs])
-        k = np.array([r[1].shape[0] for r in recs])
+        end = np.frombuffer(self._ends, dtype=np.float64).copy()
+        runs = np.array(self._runs, dtype=np.float64).reshape(-1, 6)
+        k = runs[:, 1].astype(np.int64)
         start = np.concatenate(([0.0], end[:-1]))
-        first = np.cumsum(k) - k
-        start[first] = [r[0] for r in recs]
+        start[np.cumsum(k) - k] = runs[:, 0]
         return {
             "start": start,
             "end": end,
-            "kind": np.repeat(np.array([r[2] for r in recs], np.int8), k),
-            "batch_size": np.repeat(np.array([r[3] for r in recs], np.int64), k),
-            "num_tokens": np.repeat(np.array([r[4] for r in recs], np.int64), k),
-            "kv_used": np.concatenate([r[5] for r in recs]).astype(np.int64),
-            "preempted": np.repeat(np.array([r[6] for r in recs], np.int64), k),
+            "kind": np.repeat(runs[:, 2].astype(np.int8), k),
+            "batch_size": np.repeat(runs[:, 3].astype(np.int64), k),
+            "num_tokens": np.repeat(runs[:, 4].astype(np.int64), k),
+            "kv_used": np.frombuffer(self._kv, dtype=np.int64).copy(),
+            "preempted": np.repeat(runs[:, 5].astype(np.int64), k),
         }
