@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from simulator.cluster import RequestLog
 
 MAX_RUN_STEPS = 4096
+MAX_RUN_SEGMENTS = 256  # standalone: steps or runs taken before simulated time catches up
 SHORT_RUN_STEPS = 4  # runs up to this long are timed in floats, longer ones as arrays
 PREFILL, DECODE, MIXED = range(3)
 
@@ -232,40 +233,59 @@ class VLLMEngine:
 
     # ---- the loop -------------------------------------------------------------------------
     def process(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        if self.feed.coupled:
+            yield from self._coupled(env)
+            return
+        while True:
+            busy = self._advance()
+            yield env.timeout(max(0.0, self.now - env.now))
+            if busy:
+                continue
+            nxt = self.feed.next_time()  # idle: sleep until the next arrival
+            if nxt == np.inf or (self.cfg.horizon is not None and nxt > self.cfg.horizon):
+                return
+            yield env.timeout(max(0.0, nxt - env.now))
+            self.now = nxt
+
+    def _advance(self) -> bool:
+        """Standalone: take steps (or fast-forward runs) one after another, up to
+        MAX_RUN_SEGMENTS of them, then let simulated time catch up; nobody else reads this
+        replica's state, so it may run ahead. False: idle (or past the horizon)."""
         horizon = self.cfg.horizon
-        coupled = self.feed.coupled
+        for _ in range(MAX_RUN_SEGMENTS):
+            self.tick(self.now)
+            self.feed.ingest(self.now)
+            if horizon is not None and self.now >= horizon:
+                return False
+            if self.cfg.fast_forward and self._can_run() and self._decode_run():
+                continue
+            step = self._schedule() if (self.running or len(self.queue)) else None
+            if step is None:
+                return False
+            self.feed.ingest(step.end)
+            self._apply(step)
+        return True
+
+    def _coupled(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        """Coupled replicas: decide at a step's start, apply at its end, one step at a time."""
+        horizon = self.cfg.horizon
         while True:
             self.tick(self.now)
             self.feed.ingest(self.now)
             if horizon is not None and self.now >= horizon:
                 return
-            if not coupled and self.cfg.fast_forward and self._can_run() and self._decode_run():
-                yield env.timeout(max(0.0, self.now - env.now))
-                continue
             step = self._schedule() if (self.running or len(self.queue)) else None
             if step is None:
-                if coupled:
-                    self.wake = env.event()
-                    yield self.wake
-                    self.wake = None
-                    self.now = env.now
-                    continue
-                nxt = self.feed.next_time()
-                if nxt == np.inf or (horizon is not None and nxt > horizon):
-                    return
-                yield env.timeout(max(0.0, nxt - env.now))
-                self.now = nxt
-                continue
-            if coupled:
-                yield env.timeout(max(0.0, step.end - env.now))
-                self.feed.ingest(step.end)
-                self._apply(step)
-                yield env.timeout(0)  # every replica applies its step before any decides
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
                 self.now = env.now
-            else:
-                self.feed.ingest(step.end)
-                self._apply(step)
-                yield env.timeout(max(0.0, self.now - env.now))
+                continue
+            yield env.timeout(max(0.0, step.end - env.now))
+            self.feed.ingest(step.end)
+            self._apply(step)
+            yield env.timeout(0)  # every replica applies its step before any decides
+            self.now = env.now
 
     # ---- deciding a step -----------------------------------------------------------------
     def _schedule(self, carried: int = 0) -> Step | None:
@@ -441,14 +461,14 @@ class VLLMEngine:
         rows = list(self.running)
         n = len(rows)
         computed, gen, out = log.computed, log.generated, self._output
-        first = []  # the step at which each one starts a new block
+        first = [(-computed[r]) % b + 1 for r in rows]  # the step each starts a new block
         context = n  # tokens the first step attends to
         k = MAX_RUN_STEPS
         for r in rows:
-            c = computed[r]
-            first.append((-c) % b + 1)
-            context += c
-            k = min(k, out[r] - gen[r])
+            context += computed[r]
+            left = out[r] - gen[r]
+            if left < k:
+                k = left
         free = pool.free
 
         def need(j: int) -> int:
@@ -485,26 +505,29 @@ class VLLMEngine:
             self.feed.ingest(last)
 
         grown = [0] * (k + 1)  # blocks newly taken at each step of the run
-        for f in first:
+        held = pool.held
+        finished = []
+        for r, f in zip(rows, first, strict=True):
             while f <= k:
                 grown[f] += 1
                 f += b
+            c = computed[r] + k
+            held[r] = -(-c // b)
+            computed[r] = c
+            g = gen[r] + k
+            gen[r] = g
+            if g == out[r]:
+                finished.append(r)
         used = pool.used
         kv = []
         for j in range(1, k + 1):
             used += grown[j]
             kv.append(used * b)  # blocks in use after each step, in tokens
-        held = pool.held
-        for r in rows:
-            c_r = computed[r] + k
-            held[r] = -(-c_r // b)
-            computed[r] = c_r
-            gen[r] += k
         pool.take(sum(grown))
         self._record(self.now, ends, DECODE, n, n, kv, 0)
         self.steps += k
         self.now = last
-        self._finish([r for r in rows if gen[r] == out[r]])
+        self._finish(finished)
         return True
 
     def _decode_ends(self, n: int, context: int, k: int, cut: float) -> np.ndarray:
