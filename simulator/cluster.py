@@ -295,6 +295,7 @@ class Cluster:
     def _timeline(self) -> Timeline:
         log, reps = self.log, self.replicas
         for rep in reps:
+            rep.pool.check()  # private + cached + empty blocks add up to the pool
             for r in rep.running:
                 log.reason[r] = "running"
         log.close_all()

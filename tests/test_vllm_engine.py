@@ -141,6 +141,11 @@ def test_recompute_restores_exactly_prompt_plus_generated_tokens():
     rows, _, times = tl.token_times()
     gaps = np.diff(times[rows == 1])
     assert (gaps > 0.05).sum() == 1, "one stall: the preemption"
+    # the victim's block is freed in the step that preempts it: one block each before, then
+    # the survivor's two (its new one taken, the victim's returned), not three
+    at = int(np.flatnonzero(steps.preempted > 0)[0])
+    assert steps.kv_used.iloc[at - 1] == 2 * 16
+    assert steps.kv_used.iloc[at] == 2 * 16
 
 
 def test_the_victim_goes_back_to_the_head_of_the_queue():
