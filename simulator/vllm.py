@@ -391,7 +391,7 @@ class VLLMEngine:
             rows.append(req)
             new.append(n)
             budget -= n
-            if np.isnan(log.admitted_at[req]):
+            if log.admitted_at[req] != log.admitted_at[req]:  # NaN: its first admission
                 log.admitted_at[req] = now
                 policy.on_admit(req, now)
         return budget
@@ -556,6 +556,7 @@ class VLLMEngine:
         end = step.end
         emitted: list[int] = []
         finished: list[int] = []
+        stalled = self.stalled
         for r, n in zip(step.rows, step.new, strict=True):
             c = computed[r] + n
             computed[r] = c
@@ -571,8 +572,8 @@ class VLLMEngine:
                 else:
                     emitted.append(r)
             else:
-                if r in self.stalled:  # skipped in an earlier step: a new run of tokens
-                    self.stalled.discard(r)
+                if stalled and r in stalled:  # skipped in an earlier step: a new token run
+                    stalled.discard(r)
                     log.open_segment(r, gen[r], self.index, self.steps)
                 emitted.append(r)
             g = gen[r] + 1
@@ -582,15 +583,18 @@ class VLLMEngine:
         if len(step.rows) < len(self.running):  # budget or a preemption stopped the loop:
             scheduled = set(step.rows)  # decoders left out produce no token this step
             for r in self.running:
-                if r not in scheduled and r not in prefilling and r not in self.stalled:
-                    self.stalled.add(r)
+                if r not in scheduled and r not in prefilling and r not in stalled:
+                    stalled.add(r)
                     log.close_segment(r, self.index)
         if emitted and self.charges_decode:
             rows = np.asarray(emitted, dtype=np.int64)
             self.policy.on_decode(rows, log.client[rows], np.array([end]))
-        kv = [pool.used * self.cfg.block_size]
-        ends = np.array([end])
-        self._record(step.start, ends, step.kind, len(step.rows), sum(step.new), kv, step.preempted)
+        kv = pool.used * self.cfg.block_size
+        if kv > self.pool_tokens:
+            raise RuntimeError(f"KV pool over-committed: {kv} > {self.pool_tokens}")
+        self._ends.append(end)
+        self._kv.append(kv)
+        self._runs.extend((step.start, 1, step.kind, len(step.rows), sum(step.new), step.preempted))
         self.steps += 1
         self.now = end
         self._finish(finished)
