@@ -31,6 +31,7 @@ import heapq
 from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -518,11 +519,8 @@ class VLLMEngine:
             gen[r] = g
             if g == out[r]:
                 finished.append(r)
-        used = pool.used
-        kv = []
-        for j in range(1, k + 1):
-            used += grown[j]
-            kv.append(used * b)  # blocks in use after each step, in tokens
+        # blocks in use after each step, in tokens
+        kv = [u * b for u in accumulate(grown[1:], initial=pool.used)][1:]
         pool.take(sum(grown))
         self._record(self.now, ends, DECODE, n, n, kv, 0)
         self.steps += k
