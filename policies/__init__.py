@@ -4,6 +4,7 @@ from policies.base import BasePolicy, Policy
 from policies.drr import DRR
 from policies.fairserve import FairServe, RPMInteraction
 from policies.fcfs import FCFS
+from policies.priority import Priority
 from policies.rpm import RPM
 from policies.vtc import LCF, VTC
 
@@ -16,5 +17,6 @@ __all__ = [
     "BasePolicy",
     "FairServe",
     "Policy",
+    "Priority",
     "RPMInteraction",
 ]

@@ -314,3 +314,19 @@ def test_agentic_sessions_reuse_their_growing_context():
 
     # about 96% of an agent's blocks repeat its previous call's
     assert engine_counts(tl.requests_frame())["prefix_hit_rate"] > 0.8
+
+
+def test_priority_admits_the_most_urgent_client_and_preempts_the_least():
+    from policies import Priority
+
+    # a (priority 0) arrives first; b (priority -1) later, while a waits for room
+    tr = trace([0.0, 0.0, 0.01], [8, 8, 8], [30, 30, 30], client=["a", "a", "b"])
+    pol = Priority({"b": -1})
+    tl = simulate_cluster(tr, pol, CONST, VLLMConfig(pool_tokens=48, prefix_caching=False))
+    pre = tl.request_columns["preemptions"]
+    assert pre[2] == 0, "the urgent client's request is never the victim"
+    assert pre[:2].sum() >= 1
+    # the largest (priority, arrival): the later of a's two requests
+    assert pol.preemption_victim([0, 1, 2]) == 1
+    with pytest.raises(ValueError, match="unknown client"):
+        Priority({"zz": 1}).bind(tr)
