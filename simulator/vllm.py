@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 MAX_RUN_STEPS = 4096
 MAX_RUN_SEGMENTS = 256  # standalone: steps or runs taken before simulated time catches up
-SHORT_RUN_STEPS = 4  # runs up to this long are timed in floats, longer ones as arrays
+SHORT_RUN_STEPS = 24  # runs up to this long are timed in floats, longer ones as arrays
 PREFILL, DECODE, MIXED = range(3)
 
 
