@@ -35,7 +35,7 @@ import numpy as np
 import simpy
 
 from cost_models.base import StepCostModel
-from policies.base import Policy
+from policies.base import BasePolicy, Policy
 from simulator.fit import BatchFit, RunningFit
 from simulator.queue import WaitingQueue
 from simulator.timeline import (
@@ -128,6 +128,8 @@ class SLoRAEngine:
         progress: Progress | None = None,
     ) -> None:
         self.trace, self.policy, self.cost, self.cfg = trace, policy, cost, config
+        # policies that leave on_decode alone (FCFS, RPM) need no per-step calls
+        self.charges_decode = type(policy).on_decode is not BasePolicy.on_decode
         self.progress = progress
         n = len(trace)
         self.prompt = trace.prompt_len
@@ -449,12 +451,14 @@ class SLoRAEngine:
         limit = last if cfg.horizon is None else min(last, cfg.horizon)
         while self._next_arrival() <= limit:
             req, t = self._pop_arrival()
-            j = int(np.searchsorted(ends, t, side="left"))
-            if j > done:  # steps ending before this arrival take effect first
-                self.policy.on_decode(self.running, clients, ends[done:j])
-                done = j
+            if self.charges_decode:
+                j = int(np.searchsorted(ends, t, side="left"))
+                if j > done:  # steps ending before this arrival take effect first
+                    self.policy.on_decode(self.running, clients, ends[done:j])
+                    done = j
             self._arrive(req, t)
-        self.policy.on_decode(self.running, clients, ends[done:])
+        if self.charges_decode:
+            self.policy.on_decode(self.running, clients, ends[done:])
 
         self.steps.append_run(self.now, ends, DECODE, n, n, self.kv_used + n, n)
         self.decodes += k

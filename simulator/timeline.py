@@ -123,10 +123,12 @@ class Timeline:
                 continue
             gs = g[lo:hi]
             a, b = int(starts[lo]), int(starts[hi - 1] + gs[-1])
-            within = np.arange(b - a, dtype=np.int64) - np.repeat(starts[lo:hi] - a, gs)
+            # int32 throughout: a block holds at most TOKEN_BLOCK tokens, and step numbers fit
+            local = (starts[lo:hi] - a).astype(np.int32)
+            within = np.arange(b - a, dtype=np.int32) - np.repeat(local, gs)
             index[a:b] = within
             if decode_ends.size:
-                within += np.repeat(step_of_first[lo:hi], gs)
+                within += np.repeat(step_of_first[lo:hi].astype(np.int32), gs)
                 np.maximum(within, 0, out=within)
                 decode_ends.take(within, out=time[a:b], mode="clip")
         has = g > 0
