@@ -7,7 +7,7 @@ trace, simulating and building the per-token table; peak is the process's maximu
 The same run with fast-forward off is timed too (`--compare`), with the ratio. Needs
 ../shared/data/azure2023/conv_vidur_format.csv (or --path). Prints one JSON object last.
 
-Usage: python bench/azure_conv_cluster.py [--path CSV] [--compare]
+Usage: python bench/azure_conv_cluster.py [--path CSV] [--compare] [--dispatcher NAME]
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ from traces.loaders import load_vidur
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared/data/azure2023/conv_vidur_format.csv"
 
 
-def run(path: Path, fast_forward: bool) -> tuple[float, dict[str, float | int | str]]:
+def run(
+    path: Path, fast_forward: bool, dispatcher: str = "round_robin"
+) -> tuple[float, dict[str, float | int | str]]:
     t0 = time.perf_counter()
     trace = load_vidur(path)
     cost = VidurProfileCost(model="llama-2-7b", gpu="a100-80gb")
     engine = VLLMConfig(fast_forward=fast_forward)  # pool: A100 memory less weights
-    timeline = simulate_cluster(trace, FCFS(), cost, engine, ClusterConfig(2, "round_robin"))
+    timeline = simulate_cluster(trace, FCFS(), cost, engine, ClusterConfig(2, dispatcher))
     rows, index, times = timeline.token_times()
     wall = time.perf_counter() - t0
     h = hashlib.sha256()
@@ -62,14 +64,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--path", type=Path, default=DEFAULT)
     ap.add_argument("--compare", action="store_true", help="also run with fast-forward off")
+    ap.add_argument(
+        "--dispatcher",
+        default="round_robin",
+        help="another dispatcher (load-aware ones couple the replicas: they step together)",
+    )
     args = ap.parse_args()
     if not args.path.exists():
         sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")
-    wall, facts = run(args.path, True)
+    wall, facts = run(args.path, True, args.dispatcher)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out: dict[str, object] = {"wall_s": round(wall, 3), "peak_mb": round(peak_mb, 1), **facts}
     if args.compare:
-        slow, other = run(args.path, False)
+        slow, other = run(args.path, False, args.dispatcher)
         out["stepping_wall_s"] = round(slow, 3)
         out["speedup"] = round(slow / wall, 2)
         out["same_timeline"] = other["timeline_sha256"] == facts["timeline_sha256"]
