@@ -20,7 +20,6 @@ Per-replica policies are independent copies of the configured one.
 from __future__ import annotations
 
 import copy
-import gc
 import time as wallclock
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -32,10 +31,11 @@ import simpy
 from cost_models.base import StepCostModel
 from policies.base import Policy
 from policies.vtc import LeastServed
-from simulator.engine import Progress, ProgressSnapshot
+from simulator.arrivals import Arrivals, chains, first_arrivals
+from simulator.engine import Progress, ProgressSnapshot, run_without_cyclic_gc
 from simulator.queue import WaitingQueue
 from simulator.timeline import IN_FLIGHT, Timeline
-from simulator.vllm import Feed, VLLMConfig, VLLMEngine
+from simulator.vllm import VLLMConfig, VLLMEngine
 from traces.schema import Trace
 
 DISPATCHERS = (
@@ -101,7 +101,7 @@ class RequestLog:
         if req not in self._open:
             self._open[req] = (index, replica, step)
 
-    def close_segment(self, req: int, replica: int) -> None:
+    def close_segment(self, req: int) -> None:
         seg = self._open.pop(req, None)
         if seg is not None:
             index, rep, step = seg
@@ -109,10 +109,10 @@ class RequestLog:
 
     def close_all(self) -> None:
         for req in list(self._open):
-            self.close_segment(req, self._open[req][1])
+            self.close_segment(req)
 
 
-class ClusterFeed(Feed):
+class ClusterFeed(Arrivals):
     """All arrivals of a coupled cluster: each is routed when it happens."""
 
     coupled = True
@@ -157,20 +157,18 @@ class Cluster:
         queues = [WaitingQueue(client_of) for _ in range(1 if shared else n)]
         if shared:
             queues *= n
-        before = trace.predecessor()
-        self.successor = {int(b): r for r, b in enumerate(before.tolist()) if b >= 0}
-        self.think = [] if trace.think_time is None else trace.think_time.tolist()
-        first = np.flatnonzero(before < 0)
+        self.successor = chains(trace)
+        first = first_arrivals(trace)
         self.coupled = cluster.dispatcher not in STATIC or (trace.chained and n > 1)
         if self.coupled:
-            self.feed: Feed = ClusterFeed(self, first.tolist(), trace.arrival[first].tolist())
-            feeds: list[Feed] = [self.feed] * n
+            self.feed: Arrivals = ClusterFeed(self, first.tolist(), trace.arrival[first].tolist())
+            feeds: list[Arrivals] = [self.feed] * n
         else:
             target = self._static_targets(first)
             feeds = []
             for i in range(n):
                 mine = first[target == i]
-                feeds.append(Feed(mine.tolist(), trace.arrival[mine].tolist()))
+                feeds.append(Arrivals(mine.tolist(), trace.arrival[mine].tolist()))
             self.feed = feeds[0]
         self.replicas = [
             VLLMEngine(
@@ -234,11 +232,14 @@ class Cluster:
         )
 
     def _release(self, req: int, now: float) -> None:
-        for s in self.outstanding:
-            s.discard(req)
+        """`req` ended (finished, rejected or refused): it no longer loads its replica, and a
+        chained successor is sent after its think time."""
+        rep = int(self.log.replica[req])
+        if rep >= 0:
+            self.outstanding[rep].discard(req)
         nxt = self.successor.get(req)
         if nxt is not None:
-            self.feed.release(nxt, now + self.think[nxt])
+            self.feed.release(nxt[0], now + nxt[1])
 
     def _tick(self, now: float) -> None:
         """Report progress about once a second of wall time (replicas call this every loop)."""
@@ -281,15 +282,7 @@ class Cluster:
             env.process(self._arrivals(env))
         for rep in self.replicas:
             env.process(rep.process(env))
-        # many short-lived objects and no reference cycles: the cyclic collector only costs
-        # time here, so it is paused for the run and restored
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            env.run()
-        finally:
-            if collecting:
-                gc.enable()
+        run_without_cyclic_gc(env)
         return self._timeline()
 
     def _timeline(self) -> Timeline:

@@ -36,6 +36,7 @@ import simpy
 
 from cost_models.base import StepCostModel
 from policies.base import BasePolicy, Policy
+from simulator.arrivals import Arrivals, chains, first_arrivals
 from simulator.fit import BatchFit, RunningFit
 from simulator.queue import WaitingQueue
 from simulator.timeline import (
@@ -99,6 +100,19 @@ class SLoRAConfig:
             raise ValueError(f"engine.horizon must be null or a number > 0, got {self.horizon!r}")
 
 
+def run_without_cyclic_gc(env: simpy.Environment) -> None:
+    """Run a simulation with the cyclic garbage collector paused (then restored): engine loops
+    allocate many short-lived objects and no reference cycles, so it only costs time (about 6%
+    of a run)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def refusals(trace: Trace, cfg: SLoRAConfig) -> np.ndarray:
     """Per request, why the engine can never run it (None: it can): its peak KV need exceeds the
     pool less one reservation, or its prompt exceeds the prefill budget."""
@@ -136,14 +150,13 @@ class SLoRAEngine:
         self.output = trace.output_len
         self.client = trace.client
         # arrival times as they happen (NaN until then); chained calls wait for their predecessor
-        before = trace.predecessor()
-        self.arrival = np.where(before < 0, trace.arrival, np.nan)
-        self._successor = {int(b): r for r, b in enumerate(before.tolist()) if b >= 0}
-        self._think = [] if trace.think_time is None else trace.think_time.tolist()
+        first = first_arrivals(trace)
+        self.arrival = np.full(n, np.nan)
+        self.arrival[first] = trace.arrival[first]
+        self._successor = chains(trace)
+        self.arrivals = Arrivals(first.tolist(), trace.arrival[first].tolist(), config.horizon)
+        self.arrivals.deliver = self._arrive
         # Python scalars: fast access in the loop
-        self._scheduled = np.flatnonzero(before < 0).tolist()  # rows with a known time, in order
-        self._scheduled_at = self.arrival[self._scheduled].tolist()
-        self._released: list[tuple[float, int]] = []  # heap: (time, row) of chained calls
         self._prompt, self._output = trace.prompt_len.tolist(), trace.output_len.tolist()
         self._client_of = trace.client.tolist()
         self._refusal = refusals(trace, config).tolist()
@@ -165,7 +178,6 @@ class SLoRAEngine:
         self.decodes = 0  # decode steps so far
         self.wait_steps = 0  # decode steps since the last prefill (capped at max_wait_tokens)
         self.kv_used = 0
-        self.next_scheduled = 0  # index into _scheduled of the next one to arrive
         self.finished = 0
 
     # ---- public -------------------------------------------------------------------------
@@ -173,17 +185,9 @@ class SLoRAEngine:
         self.policy.bind(self.trace)
         env = simpy.Environment()
         env.process(self._loop(env))
-        # The loop allocates many short-lived objects and no reference cycles, so the cyclic
-        # collector only costs time here (about 6% of the run); it is paused, then restored.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            env.run()
-        finally:
-            if collecting:
-                gc.enable()
+        run_without_cyclic_gc(env)
         horizon = self.cfg.horizon
-        self._ingest(self.now if horizon is None else max(self.now, horizon))
+        self.arrivals.ingest(self.now if horizon is None else max(self.now, horizon))
         self.reason[self.running] = "running"
         generated = np.where(
             self.first_decode >= 0, np.minimum(self.decodes - self.first_decode + 1, self.output), 0
@@ -217,7 +221,7 @@ class SLoRAEngine:
             if self.progress is not None and wallclock.monotonic() - last_report > 1.0:
                 last_report = wallclock.monotonic()
                 self.progress(self._snapshot())
-            self._ingest(self.now)
+            self.arrivals.ingest(self.now)
             if cfg.horizon is not None and self.now >= cfg.horizon:
                 return
             idle = not self.running.shape[0]
@@ -227,7 +231,7 @@ class SLoRAEngine:
                     yield from self._prefill(env, batch)
                     continue
             if not self.running.shape[0]:
-                nxt = self._next_arrival()
+                nxt = self.arrivals.next_time()
                 if nxt == np.inf:
                     return
                 if cfg.horizon is not None and nxt > cfg.horizon:
@@ -249,40 +253,14 @@ class SLoRAEngine:
             self.finished_at,
         )
 
-    def _ingest(self, until: float) -> None:
-        """Process every arrival with time <= `until` (and within the horizon), in order."""
-        limit = until if self.cfg.horizon is None else min(until, self.cfg.horizon)
-        while self._next_arrival() <= limit:
-            self._arrive(*self._pop_arrival())
-
-    def _next_arrival(self) -> float:
-        """Time of the next arrival known so far (inf: none)."""
-        i = self.next_scheduled
-        t = self._scheduled_at[i] if i < len(self._scheduled_at) else np.inf
-        if self._released and self._released[0][0] <= t:
-            return self._released[0][0]
-        return t
-
-    def _pop_arrival(self) -> tuple[int, float]:
-        """The next arrival (row, time), taken in (time, row) order."""
-        i = self.next_scheduled
-        if self._released and (
-            i >= len(self._scheduled)
-            or self._released[0] < (self._scheduled_at[i], self._scheduled[i])
-        ):
-            t, req = heapq.heappop(self._released)
-            self.arrival[req] = t
-            return req, t
-        self.next_scheduled += 1
-        return self._scheduled[i], self._scheduled_at[i]
-
     def _release_successor(self, req: int, ended_at: float) -> None:
         """A chained trace's next call of `req`'s interaction is sent after the think time."""
         nxt = self._successor.get(req)
         if nxt is not None:
-            heapq.heappush(self._released, (ended_at + self._think[nxt], nxt))
+            self.arrivals.release(nxt[0], ended_at + nxt[1])
 
     def _arrive(self, req: int, now: float) -> None:
+        self.arrival[req] = now  # chained calls learn their time only now
         refusal = self._refusal[req]
         if refusal is not None:
             self._end(req, now, REFUSED, refusal)
@@ -378,7 +356,7 @@ class SLoRAEngine:
         self.steps.append_run(start, np.array([end]), PREFILL, len(batch), tokens, self.kv_used, 0)
         self.now = end
         self.wait_steps = 0
-        self._ingest(end)
+        self.arrivals.ingest(end)
         self._finish_due()
 
     def _plan_run(self) -> int:
@@ -408,7 +386,7 @@ class SLoRAEngine:
             context = self.kv_used + n * np.arange(1, k + 1, dtype=np.int64)  # KV read per step
             ends = np.cumsum(np.concatenate(([self.now], self.cost.decode_times(n, context))))[1:]
         room = n < cfg.running_max_req_size
-        nxt = self._next_arrival()
+        nxt = self.arrivals.next_time()
         if room and not len(self.queue) and nxt < np.inf:
             # stop at the step whose end sees the next arrival, unless still inside the wait
             seen = int(np.searchsorted(ends, nxt, side="left")) + 1
@@ -449,14 +427,14 @@ class SLoRAEngine:
         clients = self._run_cols["client"]
         done = 0
         limit = last if cfg.horizon is None else min(last, cfg.horizon)
-        while self._next_arrival() <= limit:
-            req, t = self._pop_arrival()
+        while self.arrivals.next_time() <= limit:
+            t = self.arrivals.next_time()
             if self.charges_decode:
                 j = int(np.searchsorted(ends, t, side="left"))
                 if j > done:  # steps ending before this arrival take effect first
                     self.policy.on_decode(self.running, clients, ends[done:j])
                     done = j
-            self._arrive(req, t)
+            self.arrivals.ingest(t)
         if self.charges_decode:
             self.policy.on_decode(self.running, clients, ends[done:])
 

@@ -27,7 +27,6 @@ end, so every replica sees the others exactly as of that instant.
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import simpy
 
 from cost_models.base import StepCostModel, mixed_step_time
 from policies.base import BasePolicy, Policy
+from simulator.arrivals import Arrivals
 from simulator.kv_blocks import BlockPool, block_keys
 from simulator.queue import WaitingQueue
 from simulator.timeline import COMPLETED, REFUSED, REJECTED
@@ -98,49 +98,16 @@ class VLLMConfig:
         return int(capacity()) // self.block_size
 
 
+def too_big(trace: Trace, block_size: int, num_blocks: int) -> np.ndarray:
+    """Per request, whether it can never finish on one replica: its final KV (prompt + output
+    - 1 tokens) needs more blocks than the pool has."""
+    return -(-(trace.prompt_len + trace.output_len - 1) // block_size) > num_blocks
+
+
 def unfit_requests(trace: Trace, cfg: VLLMConfig, cost: StepCostModel) -> dict[str, int]:
-    """How many requests can never finish on one replica (their final KV exceeds the pool)."""
-    blocks = -(-(trace.prompt_len + trace.output_len - 1) // cfg.block_size)
-    too_big = int((blocks > cfg.num_blocks(cost)).sum())
-    return {"kv_pool_too_small": too_big} if too_big else {}
-
-
-class Feed:
-    """Where a replica's arrivals come from. Standalone: its own rows in (time, row) order plus
-    chained calls released by its finishes. A cluster's coupled feed overrides all three."""
-
-    coupled = False
-
-    def __init__(self, rows: list[int], times: list[float]) -> None:
-        self._rows, self._times, self._next = rows, times, 0
-        self.horizon: float | None = None  # arrivals after it never happen
-        self._released: list[tuple[float, int]] = []
-        self.deliver: Callable[[int, float], None] = lambda req, t: None
-
-    def next_time(self) -> float:
-        i = self._next
-        t = self._times[i] if i < len(self._times) else np.inf
-        if self._released and self._released[0][0] <= t:
-            return self._released[0][0]
-        return t
-
-    def ingest(self, until: float) -> None:
-        """Deliver every arrival with time <= until (and the horizon), in (time, row) order."""
-        if self.horizon is not None:
-            until = min(until, self.horizon)
-        while self.next_time() <= until:
-            i = self._next
-            if self._released and (
-                i >= len(self._rows) or self._released[0] < (self._times[i], self._rows[i])
-            ):
-                t, req = heapq.heappop(self._released)
-            else:
-                t, req = self._times[i], self._rows[i]
-                self._next += 1
-            self.deliver(req, t)
-
-    def release(self, req: int, t: float) -> None:
-        heapq.heappush(self._released, (t, req))
+    """How many requests the engine will refuse on arrival, to report before a run."""
+    count = int(too_big(trace, cfg.block_size, cfg.num_blocks(cost)).sum())
+    return {"kv_pool_too_small": count} if count else {}
 
 
 @dataclass
@@ -165,7 +132,7 @@ class VLLMEngine:
         cfg: VLLMConfig,
         log: RequestLog,
         queue: WaitingQueue,
-        feed: Feed,
+        feed: Arrivals,
         on_finish: Callable[[int, float], None],
     ) -> None:
         self.index, self.trace, self.policy, self.cost, self.cfg = index, trace, policy, cost, cfg
@@ -173,6 +140,7 @@ class VLLMEngine:
         self.pool = BlockPool(cfg.num_blocks(cost), cfg.block_size, cfg.prefix_caching)
         self.pool_tokens = self.pool.num_blocks * cfg.block_size
         self.watermark_blocks = int(cfg.watermark * self.pool.num_blocks)
+        self._too_big = too_big(trace, cfg.block_size, self.pool.num_blocks).tolist()
         self._prompt, self._output = log.prompt, log.output
         self.running: list[int] = []
         # policies that leave on_decode alone (FCFS, RPM) need no per-step arrays
@@ -192,16 +160,11 @@ class VLLMEngine:
         self._runs = array("d")
 
     # ---- arrivals -------------------------------------------------------------------------
-    def can_ever_run(self, req: int) -> bool:
-        return self.pool.blocks_for(self._prompt[req] + self._output[req] - 1) <= (
-            self.pool.num_blocks
-        )
-
     def accept(self, req: int, now: float) -> None:
         """A request dispatched to this replica arrives (refused, rejected or queued)."""
         log = self.log
         log.arrival[req] = now  # chained calls learn their time only now
-        if not self.can_ever_run(req):
+        if self._too_big[req]:
             log.end(req, now, REFUSED, "kv_pool_too_small")
             return
         rejection = self.policy.on_arrival(req, now, self.queue)
@@ -406,7 +369,7 @@ class VLLMEngine:
         log.high_water[req] = max(log.high_water[req], log.computed[req])
         log.computed[req] = 0
         log.preemptions[req] += 1
-        log.close_segment(req, self.index)
+        log.close_segment(req)
         log.reason[req] = "preempted"
         self.queue.push_front(req)
         for peer in self.peers:
@@ -583,7 +546,7 @@ class VLLMEngine:
             for r in self.running:
                 if r not in scheduled and r not in prefilling and r not in stalled:
                     stalled.add(r)
-                    log.close_segment(r, self.index)
+                    log.close_segment(r)
         if emitted and self.charges_decode:
             rows = np.asarray(emitted, dtype=np.int64)
             self.policy.on_decode(rows, log.client[rows], np.array([end]))
@@ -602,7 +565,7 @@ class VLLMEngine:
         for r in finished:
             self.running.remove(r)
             self.pool.release(r)
-            log.close_segment(r, self.index)
+            log.close_segment(r)
             log.finished_at[r] = self.now
             log.status[r] = COMPLETED
             log.reason[r] = None

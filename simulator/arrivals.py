@@ -1,0 +1,67 @@
+"""Where an engine's arrivals come from, shared by both engines and the cluster.
+
+Rows with a known time arrive in (time, row) order; a chained call (closed-loop users,
+multi-call interactions) is released when its predecessor ends, `think_time` later, and joins
+the same order. `ingest(until)` hands every arrival up to `until` (and the horizon) to `deliver`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import numpy as np
+
+from traces.schema import Trace
+
+
+def chains(trace: Trace) -> dict[int, tuple[int, float]]:
+    """Per row with a chained successor: (successor row, think time before it is sent)."""
+    before = trace.predecessor()
+    think = trace.think_time
+    return {
+        int(b): (r, float(think[r]))  # type: ignore[index]
+        for r, b in enumerate(before.tolist())
+        if b >= 0
+    }
+
+
+def first_arrivals(trace: Trace) -> np.ndarray:
+    """Rows whose arrival time is known up front (not waiting for a predecessor), in order."""
+    return np.flatnonzero(trace.predecessor() < 0)
+
+
+class Arrivals:
+    coupled = False  # a cluster's feed routes arrivals between replicas that step together
+
+    def __init__(self, rows: list[int], times: list[float], horizon: float | None = None) -> None:
+        self._rows, self._times, self._next = rows, times, 0
+        self.horizon = horizon  # arrivals after it never happen
+        self._released: list[tuple[float, int]] = []  # heap: (time, row) of chained calls
+        self.deliver: Callable[[int, float], None] = lambda req, t: None
+
+    def next_time(self) -> float:
+        """Time of the next arrival known so far (inf: none)."""
+        i = self._next
+        t = self._times[i] if i < len(self._times) else np.inf
+        if self._released and self._released[0][0] <= t:
+            return self._released[0][0]
+        return t
+
+    def ingest(self, until: float) -> None:
+        """Deliver every arrival with time <= until (and the horizon), in (time, row) order."""
+        if self.horizon is not None:
+            until = min(until, self.horizon)
+        while self.next_time() <= until:
+            i = self._next
+            if self._released and (
+                i >= len(self._rows) or self._released[0] < (self._times[i], self._rows[i])
+            ):
+                t, req = heapq.heappop(self._released)
+            else:
+                t, req = self._times[i], self._rows[i]
+                self._next += 1
+            self.deliver(req, t)
+
+    def release(self, req: int, t: float) -> None:
+        heapq.heappush(self._released, (t, req))
