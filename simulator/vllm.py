@@ -41,7 +41,7 @@ from policies.base import BasePolicy, Policy
 from simulator.arrivals import Arrivals
 from simulator.kv_blocks import BlockPool, block_keys
 from simulator.queue import WaitingQueue
-from simulator.timeline import COMPLETED, REFUSED, REJECTED
+from simulator.timeline import COMPLETED, DECODE, MIXED, PREFILL, REFUSED, REJECTED
 from traces.schema import Trace
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 MAX_RUN_STEPS = 4096
 MAX_RUN_SEGMENTS = 256  # standalone: steps or runs taken before simulated time catches up
 SHORT_RUN_STEPS = 24  # runs up to this long are timed in floats, longer ones as arrays
-PREFILL, DECODE, MIXED = range(3)
 
 
 @dataclass(frozen=True)
