@@ -1,10 +1,10 @@
 """The FairServe paper's claims, measured: `fairsim-fairserve-table`.
 
-For each experiment (fairserve_overload, fairserve_no_overload) and each policy (FairServe, its
-variants FS(W), FS(W+L), FS(W+O), the interaction-aware RPM baseline, VTC) it prints throttled
-calls and interactions, wasted prompt tokens, benign users' interaction completion time and TTFT
-(users whose name has no "abuser"), and token throughput. User limits are 10 per minute for
-FairServe and RPM alike; nothing is tuned per row.
+For each experiment (fairserve_overload, fairserve_sustained, fairserve_no_overload) and each
+policy (FairServe, its variants FS(W), FS(W+L), FS(W+O), the interaction-aware RPM baseline,
+VTC) it prints throttled calls and interactions, wasted prompt tokens, benign users' interaction
+completion time and TTFT (users whose name has no "abuser"), and token throughput. User limits
+are 10 per minute for FairServe and RPM alike; nothing is tuned per row.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from simulator import interactions, metrics
 from simulator.run import build_trace, simulate
 
-EXPERIMENTS = ("fairserve_overload", "fairserve_no_overload")
+EXPERIMENTS = ("fairserve_overload", "fairserve_sustained", "fairserve_no_overload")
 POLICIES = ("fairserve", "fs_w", "fs_wl", "fs_wo", "rpm_interaction", "vtc")
 
 
