@@ -10,6 +10,7 @@ are 10 per minute for FairServe and RPM alike; nothing is tuned per row.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
@@ -21,8 +22,11 @@ EXPERIMENTS = ("fairserve_overload", "fairserve_sustained", "fairserve_no_overlo
 POLICIES = ("fairserve", "fs_w", "fs_wl", "fs_wo", "rpm_interaction", "vtc")
 
 
-def measure(experiment: str, policy: str, seed: int | None = None) -> dict[str, float]:
-    overrides = [f"experiment={experiment}", f"policy={policy}"]
+def measure(
+    experiment: str, policy: str, seed: int | None = None, extra: Sequence[str] = ()
+) -> dict[str, float]:
+    """One row of the table; `extra` are further Hydra overrides (e.g. workload.rate_scale=2)."""
+    overrides = [f"experiment={experiment}", f"policy={policy}", *extra]
     if seed is not None:
         overrides.append(f"seed={seed}")
     with initialize_config_module("conf", version_base="1.3"):
@@ -54,6 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiment", action="append", choices=EXPERIMENTS)
     parser.add_argument("--policy", action="append", choices=POLICIES)
     parser.add_argument("--seed", type=int, help="the workload's seed (default: the experiment's)")
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides for every row, e.g. workload.rate_scale=2"
+    )
     args = parser.parse_args(argv)
     head = (
         f"{'experiment':<23}{'policy':<17}{'thr calls':>10}{'thr inter':>10}{'wasted':>8}"
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     print(head)
     for experiment in args.experiment or EXPERIMENTS:
         for policy in args.policy or POLICIES:
-            m = measure(experiment, policy, args.seed)
+            m = measure(experiment, policy, args.seed, args.overrides)
             print(
                 f"{experiment:<23}{policy:<17}{m['throttled_requests']:>10}"
                 f"{m['throttled_interactions']:>10}{m['wasted_tokens']:>8}"
