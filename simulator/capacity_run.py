@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.errors import InstantiationException  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from simulator import metrics  # noqa: E402
+from simulator import metrics, sweep  # noqa: E402
 from simulator.capacity import (  # noqa: E402
     SearchResult,
     etalon_search,
@@ -47,7 +45,7 @@ from simulator.qoe import QoEConfig, request_values  # noqa: E402
 from simulator.run import simulate  # noqa: E402
 from simulator.slo import evaluate_slos, parse_slos  # noqa: E402
 from traces.closed_loop import ClosedLoop  # noqa: E402
-from traces.schema import Trace, TraceError  # noqa: E402
+from traces.schema import Trace  # noqa: E402
 from traces.synthetic import SyntheticWorkload  # noqa: E402
 
 MODES = ("etalon", "evalscope", "veeksha")
@@ -250,12 +248,11 @@ def write_results(results: list[SearchResult], folder: str | Path, mode: str) ->
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="capacity")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
-    try:
-        results = capacity_search(cfg)
-    except (InstantiationException, TraceError, ValueError) as err:
-        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
-        print(f"fairsim-capacity: error: {cause}", file=sys.stderr)
-        sys.exit(2)
+    sweep.run_job("fairsim-capacity", cfg, out_dir, lambda: _run(cfg, out_dir))
+
+
+def _run(cfg: DictConfig, out_dir: str) -> None:
+    results = capacity_search(cfg)
     write_results(results, out_dir, cfg.capacity.mode)
     for r in results:
         print(f"search history ({r.criteria}):")

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
+from simulator import sweep
 from simulator.progress import StreamingReporter
 from simulator.run import run_config
-from traces.schema import TraceError
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -127,12 +125,11 @@ def format_qoe(summary: dict[str, Any]) -> str:
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
-    try:
-        _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
-    except (InstantiationException, TraceError, ValueError, FileNotFoundError) as err:
-        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
-        print(f"fairsim: error: {cause}", file=sys.stderr)
-        sys.exit(2)
+    sweep.run_job("fairsim", cfg, out_dir, lambda: _run(cfg, out_dir))
+
+
+def _run(cfg: DictConfig, out_dir: str) -> None:
+    _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
     print(format_summary(outputs.summary))
     print()
     print(format_fairness(outputs.summary))

@@ -1,0 +1,267 @@
+"""A sweep as one tidy table, and its standard plots: `fairsim-aggregate SWEEP_DIR`.
+
+One row per job x client (plus the client "all"): the job's folder and status, its
+configuration (the config groups chosen, every override, the seed), the run's figures
+(throughput, fairness, throttling, KV use) and the client's (latency percentiles, service,
+fluidity). Failed and unfinished jobs keep one row with their error, so nothing is lost.
+Writes SWEEP_DIR/sweep.parquet and sweep.csv, and with plots: sweep_metrics.png (metrics
+against a load column, one line per policy, seed error bars), sweep_service.png (per-client
+service rate over time, one panel per policy) and sweep_fluidity.png (fluidity-index CDFs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from simulator import fairness  # noqa: E402
+from simulator.sweep import read_job  # noqa: E402
+
+GROUPS = ("policy", "workload", "engine", "cost_model", "experiment")
+RUN_METRICS = {  # column: path in summary.json
+    "throughput_tokens_per_s": ("throughput_tokens_per_s",),
+    "kv_utilisation_mean": ("kv_utilisation", "mean"),
+    "end_time": ("end_time",),
+    "max_diff": ("fairness", "max_diff"),
+    "avg_diff": ("fairness", "avg_diff"),
+    "jain_index": ("fairness", "jain_index"),
+    "fluid_token_rate": ("qoe", "fluid_token_rate"),
+    "throttled_requests": ("throttled_requests",),
+    "throttled_interactions": ("throttled_interactions",),
+    "wasted_tokens": ("wasted_tokens",),
+    **{f"{s}_requests": ("status_counts", s) for s in ("completed", "rejected", "refused")},
+    "in_flight_requests": ("status_counts", "in_flight"),
+}
+LATENCY = ("ttft", "tpot", "e2e", "tbt")
+STATS = ("mean", "p50", "p90", "p99")
+PLOTTED = ("throughput_tokens_per_s", "jain_index", "ttft_mean", "fluidity_mean")
+
+
+def job_folders(sweep_dir: str | Path) -> list[Path]:
+    """Every job folder (one with Hydra's `.hydra/`) under `sweep_dir`, in name order."""
+    return sorted(p.parent for p in Path(sweep_dir).glob("**/.hydra"))
+
+
+def _scalar(text: str) -> Any:
+    """An override's value as YAML reads it (numbers become numbers, lists stay text)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, str, bool)) or value is None else text
+
+
+def job_config(folder: Path) -> dict[str, Any]:
+    """The config groups chosen, every override, and the seed of one job."""
+    hydra_dir = folder / ".hydra"
+    out: dict[str, Any] = {}
+    hydra_cfg = yaml.safe_load((hydra_dir / "hydra.yaml").read_text())
+    choices = hydra_cfg["hydra"]["runtime"]["choices"]
+    for group in GROUPS:
+        out[group] = choices.get(group)
+    for item in yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) or []:
+        key, _, value = str(item).partition("=")
+        out[key.lstrip("+~")] = _scalar(value)
+    config = yaml.safe_load((hydra_dir / "config.yaml").read_text())
+    out["seed"] = config.get("seed")
+    return out
+
+
+def _get(d: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _client_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    service = _get(summary, ("fairness", "service_per_client")) or {}
+    fluid = _get(summary, ("qoe", "fluidity_per_client")) or {}
+    for client, lat in summary.get("latency", {}).items():
+        row: dict[str, Any] = {
+            "client": client,
+            "requests": lat.get("requests"),
+            "completed": lat.get("completed"),
+            "output_tokens": lat.get("output_tokens"),
+        }
+        for metric in LATENCY:
+            for stat in STATS:
+                row[f"{metric}_{stat}"] = _get(lat, (metric, stat))
+        row["service"] = sum(service.values()) if client == "all" else service.get(client)
+        f = _get(summary, ("qoe", "fluidity")) if client == "all" else fluid.get(client)
+        for stat in ("mean", "p10", "p50"):
+            row[f"fluidity_{stat}"] = _get(f, (stat,))
+        rows.append(row)
+    return rows
+
+
+def aggregate(sweep_dir: str | Path) -> pd.DataFrame:
+    """The tidy table of a sweep (see the module docstring)."""
+    sweep_dir = Path(sweep_dir)
+    folders = job_folders(sweep_dir)
+    if not folders:
+        raise FileNotFoundError(f"{sweep_dir}: no job folders (folders with .hydra/) under it")
+    rows = []
+    for folder in folders:
+        job = read_job(folder) or {}
+        summary_path = folder / "summary.json"
+        status = job.get("status") or ("completed" if summary_path.exists() else "unfinished")
+        head = {"job": str(folder.relative_to(sweep_dir)), "status": status}
+        head["error"] = job.get("error")
+        head.update(job_config(folder))
+        if status != "completed" or not summary_path.exists():
+            rows.append(head)
+            continue
+        summary = json.loads(summary_path.read_text())
+        head.update({k: _get(summary, path) for k, path in RUN_METRICS.items()})
+        rows.extend({**head, **client} for client in _client_rows(summary))
+    return pd.DataFrame(rows)
+
+
+def write_aggregate(sweep_dir: str | Path, table: pd.DataFrame) -> tuple[Path, Path]:
+    sweep_dir = Path(sweep_dir)
+    parquet, csv = sweep_dir / "sweep.parquet", sweep_dir / "sweep.csv"
+    # mixed-type override columns (e.g. numbers and text) are stored as text in Parquet
+    stored = table.copy()
+    for col in stored.columns:
+        if pd.api.types.is_object_dtype(stored[col]):
+            stored[col] = stored[col].map(lambda v: None if v is None else str(v))
+    stored.to_parquet(parquet, index=False)
+    table.to_csv(csv, index=False)
+    return parquet, csv
+
+
+def load_column(table: pd.DataFrame) -> str | None:
+    """The column to put on the x axis: workload.rate_scale if swept, else the first numeric
+    override that varies (not the seed) among completed jobs."""
+    skip = {"job", "status", "error", "client", "seed", *GROUPS}
+    fixed = set(RUN_METRICS) | {c for c in table.columns if c.startswith(LATENCY)}
+    candidates = [c for c in table.columns if c not in skip | fixed and "." in c]
+    if "workload.rate_scale" in candidates:
+        candidates.insert(0, "workload.rate_scale")
+    done = table[table.status == "completed"]
+    for col in candidates:
+        values = pd.to_numeric(done[col], errors="coerce")
+        if values.notna().all() and values.nunique() > 1:
+            return col
+    return None
+
+
+def plot_metrics(table: pd.DataFrame, x: str, out: Path, metrics: Sequence[str] = PLOTTED) -> Path:
+    """Each metric (client "all") against `x`, one line per policy, mean and std over seeds."""
+    done = table[(table.status == "completed") & (table.client == "all")].copy()
+    done[x] = pd.to_numeric(done[x])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for policy, part in done.groupby("policy", sort=True):
+            stats = part.groupby(x)[metric].agg(["mean", "std", "count"]).sort_index()
+            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3,
+                        marker="o", label=str(policy))  # fmt: skip
+        ax.set_xlabel(x)
+        ax.set_title(metric)
+    axes[0][0].legend(title="policy (std over seeds)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _representatives(table: pd.DataFrame, x: str | None) -> pd.DataFrame:
+    """One completed job per policy: the highest load, the lowest seed."""
+    done = table[(table.status == "completed") & (table.client == "all")].copy()
+    if x is not None:
+        done[x] = pd.to_numeric(done[x])
+        done = done[done[x] == done[x].max()]
+    return done.sort_values(["policy", "seed", "job"]).groupby("policy", sort=True).head(1)
+
+
+def plot_service(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path) -> Path:
+    """Per-client service rate (w_p = 1, w_q = 2; 60 s windows, shorter for short runs) over
+    time, one panel per policy."""
+    jobs = _representatives(table, x)
+    fig, axes = plt.subplots(1, len(jobs), figsize=(4.5 * len(jobs), 3.4), squeeze=False)
+    for ax, (_, job) in zip(axes[0], jobs.iterrows()):
+        folder = sweep_dir / job["job"]
+        requests = pd.read_parquet(folder / "requests.parquet")
+        tokens = pd.read_parquet(folder / "tokens.parquet")
+        end = float(np.nanmax(requests["finished_at"])) if len(requests) else 0.0
+        ticks = np.linspace(0.0, end, 60) if end > 0 else np.zeros(1)
+        window = min(60.0, max(end / 10, 1.0))  # the paper's 60 s, narrower for short runs
+        rates = fairness.service_rates(fairness.served_intervals(requests, tokens), ticks, window)
+        for client in rates.columns[:12]:  # legible: at most 12 clients
+            ax.plot(rates.index, rates[client], label=str(client))
+        ax.set_title(f"{job['policy']} ({job['job']})", fontsize=8)
+        ax.set_xlabel("time (s)")
+    axes[0][0].set_ylabel("service rate (tokens/s)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def plot_fluidity(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path) -> Path | None:
+    """CDF of the per-request fluidity-index, one line per policy (needs the run's Veeksha
+    files, written unless veeksha_metrics=false)."""
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    drawn = 0
+    for _, job in _representatives(table, x).iterrows():
+        path = sweep_dir / job["job"] / "metrics" / "request_level_metrics.jsonl"
+        if not path.exists():
+            continue
+        values = pd.read_json(path, lines=True)["fluidity_index"].dropna().sort_values()
+        if values.empty:
+            continue
+        ax.step(values, np.arange(1, len(values) + 1) / len(values), label=str(job["policy"]))
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("fluidity-index")
+    ax.set_ylabel("fraction of requests")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--x", help="the load column (default: workload.rate_scale if swept)")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        table = aggregate(args.sweep_dir)
+    except FileNotFoundError as err:
+        parser.exit(2, f"fairsim-aggregate: error: {err}\n")
+    parquet, csv = write_aggregate(args.sweep_dir, table)
+    counts = table.drop_duplicates("job")["status"].value_counts().to_dict()
+    print(f"{len(table)} rows from {sum(counts.values())} jobs {counts}: {parquet}, {csv}")
+    if args.no_plots or not (table.status == "completed").any():
+        return
+    x = args.x or load_column(table)
+    if x is not None and x not in table.columns:
+        parser.exit(2, f"fairsim-aggregate: error: --x {x!r} is not a column of the sweep\n")
+    written = [
+        plot_metrics(table, x, args.sweep_dir / "sweep_metrics.png") if x else None,
+        plot_service(args.sweep_dir, table, x, args.sweep_dir / "sweep_service.png"),
+        plot_fluidity(args.sweep_dir, table, x, args.sweep_dir / "sweep_fluidity.png"),
+    ]
+    for path in written:
+        if path is not None:
+            print(f"plot: {path}")

@@ -1,0 +1,189 @@
+"""Multirun sweeps (simulator/sweep.py): folder naming, failures recorded without losing the
+other jobs, re-runs skip completed jobs, and the joblib and Ray launchers."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+FAIRSIM = [sys.executable, "-c", "from simulator.cli import main; main()"]
+SMALL = ["workload.duration=8", "progress=false"]  # progress is left out of folder names
+
+
+def sweep(sweep_dir: Path, *overrides: str, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [*FAIRSIM, "-m", *overrides, *SMALL, f"hydra.sweep.dir={sweep_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def jobs(sweep_dir: Path) -> dict[str, str]:
+    return {
+        str(p.parent.relative_to(sweep_dir)): json.loads(p.read_text())["status"]
+        for p in sweep_dir.glob("**/job.json")
+    }
+
+
+def test_jobs_are_named_by_overrides_with_the_seed_as_its_own_level(tmp_path):
+    r = sweep(tmp_path, "policy=fcfs,vtc", "seed=0,1")
+    assert r.returncode == 0, r.stderr
+    assert jobs(tmp_path) == {
+        f"policy={p},workload.duration=8/seed={s}": "completed"
+        for p in ("fcfs", "vtc")
+        for s in (0, 1)
+    }
+    config = json.loads(
+        (tmp_path / "policy=vtc,workload.duration=8/seed=1/summary.json").read_text()
+    )["config"]
+    assert config["seed"] == 1 and config["policy"]["_target_"].endswith("VTC")
+    # only the seed varies: the setting's folder is "default"
+    only_seed = tmp_path / "seeds"
+    assert sweep(only_seed, "seed=3").returncode == 0
+    assert set(jobs(only_seed)) == {"workload.duration=8/seed=3"}
+
+
+def test_a_failed_job_is_recorded_and_the_others_complete_and_reruns_skip_them(tmp_path):
+    r = sweep(tmp_path, "engine.pool_tokens=-1,10000")
+    assert r.returncode == 1  # the sweep says something failed ...
+    status = jobs(tmp_path)
+    bad, good = (
+        "engine.pool_tokens=-1,workload.duration=8/seed=0",
+        ("engine.pool_tokens=10000,workload.duration=8/seed=0"),
+    )
+    assert status == {bad: "failed", good: "completed"}  # ... and the other job still ran
+    failure = json.loads((tmp_path / bad / "job.json").read_text())
+    assert "engine.pool_tokens must be an integer >= 1" in failure["error"]
+    assert (tmp_path / bad / ".hydra" / "config.yaml").exists()  # its config is kept
+    table = pd.read_csv(tmp_path / "jobs.csv")
+    assert sorted(table["status"]) == ["completed", "failed"]
+    # a re-run skips the completed job (its outputs untouched) and retries the failed one
+    done = tmp_path / good / "requests.parquet"
+    before = done.stat().st_mtime_ns
+    again = sweep(tmp_path, "engine.pool_tokens=-1,10000")
+    assert again.returncode == 1
+    assert f"skipped, already completed: {tmp_path / good}" in again.stdout
+    assert done.stat().st_mtime_ns == before
+    assert jobs(tmp_path)[bad] == "failed"
+
+
+def test_a_changed_config_is_not_skipped(tmp_path):
+    assert sweep(tmp_path, "policy=fcfs").returncode == 0
+    folder = tmp_path / "policy=fcfs,workload.duration=8/seed=0"
+    job = json.loads((folder / "job.json").read_text())
+    job["config_digest"] = "0" * 16  # as if the job had run with another configuration
+    (folder / "job.json").write_text(json.dumps(job))
+    r = sweep(tmp_path, "policy=fcfs")
+    assert "skipped" not in r.stdout
+    assert json.loads((folder / "job.json").read_text())["config_digest"] != "0" * 16
+
+
+def test_joblib_launcher_runs_the_sweep_in_parallel_processes(tmp_path):
+    r = sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "policy=fcfs,lcf")
+    assert r.returncode == 0, r.stderr
+    assert "Joblib.Parallel(n_jobs=2" in r.stdout + r.stderr
+    assert set(jobs(tmp_path).values()) == {"completed"} and len(jobs(tmp_path)) == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_ray_launcher_attaches_to_a_running_cluster(tmp_path):
+    """CI starts a Ray head on loopback (token authentication, a fresh token) and sweeps
+    through it with hydra/launcher=ray_cluster."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[test]'")
+    port = _free_port()
+    ray_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths must fit 107 bytes
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    head = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block"]
+        + ["--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2"]
+        + ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={ray_dir}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # wait for the head's GCS port
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert head.poll() is None and time.monotonic() < deadline, "Ray head did not start"
+            time.sleep(0.5)
+        out = tmp_path / "sweep"
+        r = sweep(
+            out,
+            "hydra/launcher=ray_cluster",
+            f"hydra.launcher.ray.init.address=127.0.0.1:{port}",
+            "policy=fcfs,vtc",
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "Connected to Ray cluster" in r.stderr
+        assert jobs(out) == {
+            f"policy={p},workload.duration=8/seed=0": "completed" for p in ("fcfs", "vtc")
+        }
+    finally:
+        head.terminate()
+        head.wait(60)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def test_aggregate_makes_one_tidy_row_per_job_and_client(tmp_path):
+    from simulator.aggregate import aggregate, load_column, main
+
+    r = sweep(tmp_path, "policy=fcfs,vtc", "workload.rate_scale=0.5,1", "seed=0,1")
+    assert r.returncode == 0, r.stderr
+    assert sweep(tmp_path, "engine.pool_tokens=-1").returncode == 1  # one failed job too
+    table = aggregate(tmp_path)
+    done = table[table.status == "completed"]
+    assert len(done) == 8 * 3  # 8 jobs x (client0, client1, all)
+    assert set(done.client) == {"client0", "client1", "all"}
+    assert set(done.policy) == {"fcfs", "vtc"} and set(done.seed) == {0, 1}
+    assert set(done["workload.rate_scale"]) == {0.5, 1.0}
+    failed = table[table.status == "failed"]
+    assert len(failed) == 1 and "pool_tokens" in failed.error.iloc[0]
+    # figures are the run's own summary.json values
+    row = done[(done.policy == "vtc") & (done.seed == 1) & (done["workload.rate_scale"] == 1)]
+    job = row.job.iloc[0]
+    summary = json.loads((tmp_path / job / "summary.json").read_text())
+    by_client = row.set_index("client")
+    assert by_client.loc["all", "throughput_tokens_per_s"] == summary["throughput_tokens_per_s"]
+    assert by_client.loc["client1", "ttft_p90"] == summary["latency"]["client1"]["ttft"]["p90"]
+    service = summary["fairness"]["service_per_client"]
+    assert by_client.loc["all", "service"] == pytest.approx(sum(service.values()))
+    assert by_client.loc["all", "jain_index"] == summary["fairness"]["jain_index"]
+    assert load_column(table) == "workload.rate_scale"
+
+    main([str(tmp_path)])
+    stored = pd.read_parquet(tmp_path / "sweep.parquet")
+    assert len(stored) == len(table) == len(pd.read_csv(tmp_path / "sweep.csv"))
+    for name in ("sweep_metrics.png", "sweep_service.png", "sweep_fluidity.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_aggregate_names_an_empty_folder(tmp_path):
+    from simulator.aggregate import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path)])
+    assert exit_info.value.code == 2
