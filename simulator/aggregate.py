@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from simulator import fairness  # noqa: E402
+from simulator import fairness, metrics  # noqa: E402
 from simulator.sweep import read_job  # noqa: E402
 
 GROUPS = ("policy", "workload", "engine", "cost_model", "experiment")
@@ -213,18 +213,37 @@ def plot_service(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path)
     return out
 
 
+def request_fluidity(folder: Path) -> pd.Series | None:
+    """Per-request fluidity-index of one run: from its Veeksha files if written, else from its
+    tokens with the run's own constant deadlines (None when D_p came from a prefill curve)."""
+    path = folder / "metrics" / "request_level_metrics.jsonl"
+    if path.exists():
+        return pd.read_json(path, lines=True)["fluidity_index"].dropna()
+    deadlines = _get(json.loads((folder / "summary.json").read_text()), ("qoe", "deadlines"))
+    if not deadlines or not isinstance(deadlines.get("ttft"), (int, float)):
+        return None
+    requests = pd.read_parquet(folder / "requests.parquet")
+    done = requests[requests.status == "completed"]
+    tokens = pd.read_parquet(folder / "tokens.parquet")
+    flu = metrics.request_fluidity(
+        done,
+        tokens[tokens.request_id.isin(done.request_id)],
+        ttft_deadline=float(deadlines["ttft"]),
+        tbt_deadline=float(deadlines["tbt"]),
+        exact=str(deadlines.get("arithmetic", "")).startswith("exact"),
+    )
+    return flu["fluidity"]
+
+
 def plot_fluidity(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path) -> Path | None:
-    """CDF of the per-request fluidity-index, one line per policy (needs the run's Veeksha
-    files, written unless veeksha_metrics=false)."""
+    """CDF of the per-request fluidity-index, one line per policy."""
     fig, ax = plt.subplots(figsize=(5, 3.6))
     drawn = 0
     for _, job in _representatives(table, x).iterrows():
-        path = sweep_dir / job["job"] / "metrics" / "request_level_metrics.jsonl"
-        if not path.exists():
+        values = request_fluidity(sweep_dir / job["job"])
+        if values is None or values.empty:
             continue
-        values = pd.read_json(path, lines=True)["fluidity_index"].dropna().sort_values()
-        if values.empty:
-            continue
+        values = values.sort_values()
         ax.step(values, np.arange(1, len(values) + 1) / len(values), label=str(job["policy"]))
         drawn += 1
     if not drawn:

@@ -151,9 +151,13 @@ def min_tbt_deadline(
     first_is_prefill: bool = True,
 ) -> np.ndarray:
     """Per request, the smallest D_d whose miss rate is <= target (Etalon's bisection over
-    [0, 1e10] s with 1e-4 s granularity; 1e10 if no probe passed)."""
+    [0, 1e10] s with 1e-4 s granularity; 1e10 if no probe passed).
+
+    A probe at or above a request's longest judged gap (with its prefill gap on time) misses
+    nothing, so it passes without replaying the gaps: the same probes, far less work."""
     n = gaps.lengths.shape[0]
     d_p = np.broadcast_to(np.asarray(ttft_deadline, dtype=np.float64), (n,))
+    always_on_time = _longest_judged_gap(gaps, d_p, first_is_prefill)
     left = np.zeros(n)
     right = np.full(n, SEARCH_HIGH)
     best = np.full(n, SEARCH_HIGH)
@@ -162,13 +166,35 @@ def min_tbt_deadline(
         if rows.size == 0:
             return best
         mid = (left[rows] + right[rows]) / 2
-        sub = gaps.take(rows)
-        missed, total = deadline_counts(sub, d_p[rows], mid, exact, first_is_prefill)
-        fails = _rate(missed, total) > target_miss_rate
+        fails = np.zeros(rows.shape[0], dtype=bool)
+        replay = np.flatnonzero(mid < always_on_time[rows])
+        if replay.size:
+            sub = gaps.take(rows[replay])
+            missed, total = deadline_counts(
+                sub, d_p[rows[replay]], mid[replay], exact, first_is_prefill
+            )
+            fails[replay] = _rate(missed, total) > target_miss_rate
         left[rows[fails]] = mid[fails] + SEARCH_GRANULARITY
         ok = rows[~fails]
         best[ok] = mid[~fails]
         right[ok] = mid[~fails] - SEARCH_GRANULARITY
+
+
+def _longest_judged_gap(gaps: Ragged, d_p: np.ndarray, first_is_prefill: bool) -> np.ndarray:
+    """Per request, the D_d at and above which no deadline is missed: its longest gap judged
+    against D_d (+inf if its prefill gap misses D_p; -inf with no such gap)."""
+    n = gaps.lengths.shape[0]
+    judged = gaps.drop_first() if first_is_prefill else gaps
+    longest = np.full(n, -np.inf)
+    has = judged.lengths > 0
+    if has.any():
+        longest[has] = np.maximum.reduceat(judged.values, judged.offsets[has])
+    if first_is_prefill:
+        first = gaps.lengths > 0
+        late = np.zeros(n, dtype=bool)
+        late[first] = gaps.values[gaps.offsets[first]] > d_p[first]
+        longest[late] = np.inf
+    return longest
 
 
 def fluid_token_rate(decode_gaps: Ragged, exact: bool = False) -> float:

@@ -125,3 +125,39 @@ def test_lock_step_kernel_matches_the_per_token_oracle(lists, d_p, d_d, exact):
         index = fluidity_index(itt, d_p, d_d, exact)
         assert index[1:] == (missed[i], total[i])
         assert math.isclose(index[0], 1 - missed[i] / total[i] if total[i] else 1.0)
+
+
+def _plain_bisection(gaps, target, d_p, exact, first_is_prefill):
+    """Etalon's bisection replaying every request's gaps at every probe (the reference)."""
+    n = gaps.lengths.shape[0]
+    d_p = np.broadcast_to(np.asarray(d_p, dtype=np.float64), (n,))
+    left, right, best = np.zeros(n), np.full(n, fl.SEARCH_HIGH), np.full(n, fl.SEARCH_HIGH)
+    while (rows := np.flatnonzero(right - left > fl.SEARCH_GRANULARITY)).size:
+        mid = (left[rows] + right[rows]) / 2
+        missed, total = fl.deadline_counts(gaps.take(rows), d_p[rows], mid, exact, first_is_prefill)
+        fails = fl._rate(missed, total) > target
+        left[rows[fails]] = mid[fails] + fl.SEARCH_GRANULARITY
+        best[rows[~fails]] = mid[~fails]
+        right[rows[~fails]] = mid[~fails] - fl.SEARCH_GRANULARITY
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lists=st.lists(
+        st.lists(st.floats(0.0, 3.0, allow_nan=False), min_size=0, max_size=12),
+        min_size=1,
+        max_size=8,
+    ),
+    target=st.sampled_from([0.0, 0.1, 0.5]),
+    d_p=st.floats(0.0, 2.0),
+    exact=st.booleans(),
+    first_is_prefill=st.booleans(),
+)
+def test_minimum_deadline_skips_probes_without_changing_the_answer(
+    lists, target, d_p, exact, first_is_prefill
+):
+    gaps = fl.Ragged.from_lists(lists)
+    got = fl.min_tbt_deadline(gaps, target, d_p, exact, first_is_prefill)
+    want = _plain_bisection(gaps, target, d_p, exact, first_is_prefill)
+    np.testing.assert_array_equal(got, want)

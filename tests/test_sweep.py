@@ -187,3 +187,20 @@ def test_aggregate_names_an_empty_folder(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path)])
     assert exit_info.value.code == 2
+
+
+def test_fluidity_without_veeksha_files_matches_them(tmp_path):
+    """The fluidity CDF reads the Veeksha per-request file, or recomputes the same values from
+    the tokens when a sweep switched those files off."""
+    import shutil
+
+    from simulator.aggregate import request_fluidity
+
+    assert sweep(tmp_path / "s", "policy=vtc").returncode == 0
+    folder = next((tmp_path / "s").glob("**/seed=0"))
+    bare = tmp_path / "bare"
+    shutil.copytree(folder, bare)
+    shutil.rmtree(bare / "metrics")
+    with_files, recomputed = request_fluidity(folder), request_fluidity(bare)
+    assert with_files is not None and recomputed is not None and len(with_files) > 10
+    assert sorted(recomputed) == pytest.approx(sorted(with_files), abs=1e-12)
