@@ -50,8 +50,9 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="fairsim-sweep-"))
     wall, jobs = run_sweep(root / "joblib", "hydra/launcher=joblib", "seed=0,1,2")
     start = time.perf_counter()
+    aggregate = [sys.executable, "-c", "from simulator.aggregate import main; main()"]
     subprocess.run(
-        [sys.executable, "-c", "from simulator.aggregate import main; main()", str(root / "joblib")],
+        [*aggregate, str(root / "joblib")],
         check=True,
         stdout=subprocess.DEVNULL,
     )
