@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 NS_PER_S = 1_000_000_000
+EXACT_DEADLINE_CAP_S = 1e5  # exact arithmetic: deadlines above this (and every gap) are capped
 SEARCH_HIGH = 1e10  # Etalon's bisection range for the minimum deadline, seconds
 SEARCH_GRANULARITY = 1e-4
 FLUID_RATE_QUANTILE = 0.99
@@ -88,6 +89,10 @@ def deadline_counts(
         raise ValueError(f"ttft_deadline must be >= 0 seconds; got {d_p.min()}")
     values: np.ndarray = gaps.values
     if exact:
+        # deadlines far above every gap act alike; capping them keeps nanoseconds in int64
+        # (the minimum-deadline search probes up to 1e10 s)
+        cap = max(EXACT_DEADLINE_CAP_S, 2.0 * float(values.max(initial=0.0)))
+        d_p, d_d = np.minimum(d_p, cap), np.minimum(d_d, cap)
         values, d_p, d_d = (np.rint(x * NS_PER_S).astype(np.int64) for x in (values, d_p, d_d))
     order = np.argsort(-gaps.lengths, kind="stable")  # longest first: active rows are a prefix
     lengths = gaps.lengths[order]

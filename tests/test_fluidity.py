@@ -161,3 +161,14 @@ def test_minimum_deadline_skips_probes_without_changing_the_answer(
     got = fl.min_tbt_deadline(gaps, target, d_p, exact, first_is_prefill)
     want = _plain_bisection(gaps, target, d_p, exact, first_is_prefill)
     np.testing.assert_array_equal(got, want)
+
+
+def test_exact_arithmetic_survives_the_searchs_huge_probes():
+    """A request whose prefill misses D_p fails every probe up to 1e10 s; in nanoseconds those
+    probes would overflow int64, so exact mode caps them and agrees with float mode."""
+    gaps = fl.Ragged.from_lists([[1.0], [1.0, 0.02, 0.02]])
+    with np.errstate(all="raise"):
+        exact = fl.min_tbt_deadline(gaps, 0.0, ttft_deadline=0.0, exact=True)
+    floats = fl.min_tbt_deadline(gaps, 0.0, ttft_deadline=0.0, exact=False)
+    np.testing.assert_array_equal(exact, floats)
+    assert exact[0] == fl.SEARCH_HIGH
