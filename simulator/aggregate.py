@@ -17,16 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
-
-from simulator import fairness, metrics  # noqa: E402
-from simulator.sweep import read_job  # noqa: E402
+from simulator import fairness, metrics
+from simulator.sweep import read_job
 
 GROUPS = ("policy", "workload", "engine", "cost_model", "experiment")
 RUN_METRICS = {  # column: path in summary.json
@@ -164,7 +161,8 @@ def plot_metrics(table: pd.DataFrame, x: str, out: Path, metrics: Sequence[str] 
     """Each metric (client "all") against `x`, one line per policy, mean and std over seeds."""
     done = table[(table.status == "completed") & (table.client == "all")].copy()
     done[x] = pd.to_numeric(done[x])
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(metrics), 3.4))
+    axes = fig.subplots(1, len(metrics), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for policy, part in done.groupby("policy", sort=True):
             stats = part.groupby(x)[metric].agg(["mean", "std", "count"]).sort_index()
@@ -175,7 +173,6 @@ def plot_metrics(table: pd.DataFrame, x: str, out: Path, metrics: Sequence[str] 
     axes[0][0].legend(title="policy (std over seeds)")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
-    plt.close(fig)
     return out
 
 
@@ -192,7 +189,8 @@ def plot_service(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path)
     """Per-client service rate (w_p = 1, w_q = 2; 60 s windows, shorter for short runs) over
     time, one panel per policy."""
     jobs = _representatives(table, x)
-    fig, axes = plt.subplots(1, len(jobs), figsize=(4.5 * len(jobs), 3.4), squeeze=False)
+    fig = Figure(figsize=(4.5 * len(jobs), 3.4))
+    axes = fig.subplots(1, len(jobs), squeeze=False)
     for ax, (_, job) in zip(axes[0], jobs.iterrows()):
         folder = sweep_dir / job["job"]
         requests = pd.read_parquet(folder / "requests.parquet")
@@ -209,7 +207,6 @@ def plot_service(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
-    plt.close(fig)
     return out
 
 
@@ -237,7 +234,8 @@ def request_fluidity(folder: Path) -> pd.Series | None:
 
 def plot_fluidity(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path) -> Path | None:
     """CDF of the per-request fluidity-index, one line per policy."""
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig = Figure(figsize=(5, 3.6))
+    ax = fig.subplots()
     drawn = 0
     for _, job in _representatives(table, x).iterrows():
         values = request_fluidity(sweep_dir / job["job"])
@@ -247,14 +245,12 @@ def plot_fluidity(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path
         ax.step(values, np.arange(1, len(values) + 1) / len(values), label=str(job["policy"]))
         drawn += 1
     if not drawn:
-        plt.close(fig)
         return None
     ax.set_xlabel("fluidity-index")
     ax.set_ylabel("fraction of requests")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=90)
-    plt.close(fig)
     return out
 
 

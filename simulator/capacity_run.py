@@ -21,17 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import matplotlib
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from matplotlib.figure import Figure
+from omegaconf import DictConfig, OmegaConf
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from simulator import metrics, sweep  # noqa: E402
-from simulator.capacity import (  # noqa: E402
+from simulator import metrics, sweep
+from simulator.capacity import (
     SearchResult,
     etalon_search,
     evalscope_search,
@@ -39,14 +36,14 @@ from simulator.capacity import (  # noqa: E402
     results_table,
     veeksha_search,
 )
-from simulator.outputs import json_safe  # noqa: E402
-from simulator.prefill_curve import fit_prefill_curve, profile_prefill  # noqa: E402
-from simulator.qoe import QoEConfig, request_values  # noqa: E402
-from simulator.run import simulate  # noqa: E402
-from simulator.slo import evaluate_slos, parse_slos  # noqa: E402
-from traces.closed_loop import ClosedLoop  # noqa: E402
-from traces.schema import Trace  # noqa: E402
-from traces.synthetic import SyntheticWorkload  # noqa: E402
+from simulator.outputs import json_safe
+from simulator.prefill_curve import fit_prefill_curve, profile_prefill
+from simulator.qoe import QoEConfig, request_values
+from simulator.run import simulate
+from simulator.slo import evaluate_slos, parse_slos
+from traces.closed_loop import ClosedLoop
+from traces.schema import Trace
+from traces.synthetic import SyntheticWorkload
 
 MODES = ("etalon", "evalscope", "veeksha")
 VARIABLES = {"rate": "arrival rate (requests/s)", "concurrency": "concurrent users"}
@@ -225,7 +222,8 @@ def write_results(results: list[SearchResult], folder: str | Path, mode: str) ->
         ],
     }
     (out / "capacity_search_results.json").write_text(json.dumps(json_safe(doc), indent=2) + "\n")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     for r in results:
         key = next(iter(r.history[0].metrics), None) if r.history else None
         if key is None:
@@ -241,7 +239,6 @@ def write_results(results: list[SearchResult], folder: str | Path, mode: str) ->
     ax.set_title("capacity search probes (green: pass, red: fail)")
     fig.tight_layout()
     fig.savefig(out / "capacity_search.png", dpi=90)
-    plt.close(fig)
     return doc
 
 

@@ -13,18 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from simulator import fluidity, metrics  # noqa: E402
-from simulator.outputs import json_safe  # noqa: E402
-from simulator.prefill_curve import PrefillCurve  # noqa: E402
-from simulator.qoe import QoEConfig, request_fluidity, request_values  # noqa: E402
-from simulator.slo import SLO, evaluate_slos  # noqa: E402
+from simulator import fluidity, metrics
+from simulator.outputs import json_safe
+from simulator.prefill_curve import PrefillCurve
+from simulator.qoe import QoEConfig, request_fluidity, request_values
+from simulator.slo import SLO, evaluate_slos
 
 DISTRIBUTION_METRICS = ("ttfc", "tbc", "tpot", "e2e", "normalized_e2e", "fluidity")
 RATE_TOLERANCE = 0.15  # Veeksha's health check: observed arrival rate within 15% of configured
@@ -212,13 +209,13 @@ def write_veeksha_metrics(
     for name in DISTRIBUTION_METRICS:
         v = values[name]
         pd.DataFrame([_distribution_row(v)]).to_csv(out / f"{name}.csv", index=False)
-        fig, ax = plt.subplots(figsize=(5, 3.2))
+        fig = Figure(figsize=(5, 3.2))
+        ax = fig.subplots()
         ax.hist(v[~np.isnan(v)], bins=50)
         ax.set_xlabel(name + ("" if name == "fluidity" else " (s)"))
         ax.set_ylabel("count")
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=80)
-        plt.close(fig)
     results = evaluate_slos(slos or [], values)
     _dump(out / "slo_results.json", results)
     checks = health_checks(requests, steps, configured_rate)

@@ -87,12 +87,11 @@ def lengths_stats(prompt: np.ndarray, output: np.ndarray, source: str) -> dict[s
 
 
 def plot(trace: Trace | None, prompt: np.ndarray, output: np.ndarray, out: str | Path) -> None:
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(1, 3 if trace is not None else 2, figsize=(12, 3.5))
+    fig = Figure(figsize=(12, 3.5))
+    axes = fig.subplots(1, 3 if trace is not None else 2)
     axes = list(np.atleast_1d(axes))
     if trace is not None:
         ax = axes.pop(0)
@@ -108,7 +107,6 @@ def plot(trace: Trace | None, prompt: np.ndarray, output: np.ndarray, out: str |
         ax.set_ylabel("requests")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
