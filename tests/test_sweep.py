@@ -91,8 +91,8 @@ def test_a_changed_config_is_not_skipped(tmp_path):
     assert json.loads((folder / "job.json").read_text())["config_digest"] != "0" * 16
 
 
-def test_joblib_launcher_runs_the_sweep_in_parallel_processes(tmp_path):
-    r = sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "policy=fcfs,lcf")
+def test_sweeps_run_in_parallel_processes_with_joblib_by_default(tmp_path):
+    r = sweep(tmp_path, "hydra.launcher.n_jobs=2", "policy=fcfs,lcf")  # joblib: the default
     assert r.returncode == 0, r.stderr
     assert "Joblib.Parallel(n_jobs=2" in r.stdout + r.stderr
     assert set(jobs(tmp_path).values()) == {"completed"} and len(jobs(tmp_path)) == 2
