@@ -17,6 +17,9 @@
 # Full scale: `SCALE = "full"` (loads 0.25-2.0 of the VTC overload suite for 600 s, Etalon's
 # capacity search with 2,000 requests per probe; a few minutes). CI: 3 loads for 60 s and 300
 # requests per probe.
+#
+# Full-scale command (needs the `notebooks` extra; do not commit the executed outputs):
+# `jupytext --to ipynb --execute notebooks/etalon.py`
 
 # %% tags=["parameters"]
 SCALE = "full"

@@ -19,6 +19,9 @@
 # `conf/workload/copilot_artifact.yaml`).
 # User limit 10 per minute for FairServe and RPM alike. Full scale: every policy and seeds 0-2
 # (`SCALE = "full"`, about 5 minutes); CI: FairServe, RPM and VTC at seed 0.
+#
+# Full-scale command (needs the `notebooks` extra; do not commit the executed outputs):
+# `jupytext --to ipynb --execute notebooks/fairserve.py`
 
 # %% tags=["parameters"]
 SCALE = "full"
@@ -117,10 +120,13 @@ per_app = pd.concat(
     {p: interactions.per_app(runs[(p, SEEDS[0])], duration=71.0) for p in POLICIES},
     names=["policy"],
 )
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+busiest = per_app.groupby("app")["calls"].max().nlargest(8).index  # the 8 busiest apps
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
 for ax, column in zip(axes, ("decode_tokens_per_s", "ttft_mean")):
-    per_app.reset_index().pivot(index="app", columns="policy", values=column).plot.bar(ax=ax)
+    wide = per_app.reset_index().pivot(index="app", columns="policy", values=column)
+    wide.loc[busiest].plot.bar(ax=ax, legend=False)
     ax.set_title(column)
+axes[1].legend(title="policy", bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
 plt.tight_layout()
 plt.show()
 

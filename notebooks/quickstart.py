@@ -15,9 +15,11 @@
 # # fairsim quick start: one run, its per-token timeline, its metrics
 #
 # The VTC paper's two-client overload workload (the `fairsim` default) under FCFS and VTC on the
-# A10G / Llama-7B cost model. Full scale (the paper's 10 minutes):
-# `jupytext --to ipynb --execute notebooks/quickstart.py` with `SCALE = "full"` below; CI runs
-# it with `SCALE = "ci"` (60 s of arrivals).
+# A10G / Llama-7B cost model. Full scale is the paper's 10 minutes; CI runs `SCALE = "ci"` (60 s
+# of arrivals).
+#
+# Full-scale command (needs the `notebooks` extra; do not commit the executed outputs):
+# `jupytext --to ipynb --execute notebooks/quickstart.py`
 
 # %% tags=["parameters"]
 SCALE = "full"

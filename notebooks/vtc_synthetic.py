@@ -19,6 +19,9 @@
 # service rate (the paper's 60 s windows at its ticks), response time, and the accumulated
 # service difference. Full scale: the paper's 10 minutes per suite (`SCALE = "full"`, a few
 # minutes); CI: the first 120 s of Figures 3, 5 and 10.
+#
+# Full-scale command (needs the `notebooks` extra; do not commit the executed outputs):
+# `jupytext --to ipynb --execute notebooks/vtc_synthetic.py`
 
 # %% tags=["parameters"]
 SCALE = "full"
@@ -85,6 +88,30 @@ for suite, figure in SUITES.items():
     fig.suptitle(f"{suite} ({figure})")
     fig.tight_layout()
     plt.show()
+
+# %% [markdown]
+# ## Accumulated service difference in every suite
+# max_i W_i(0, t) - min_i W_i(0, t) over time (the paper's third row of each figure). In suites
+# where one client asks for less than its share (on/off, increase), the difference measures how
+# far ahead the heavier client got, which every policy allows; VTC keeps it bounded while both
+# are backlogged.
+
+# %%
+times = np.linspace(1.0, TOTAL, 200)
+ncols = min(4, len(SUITES))
+nrows = -(-len(SUITES) // ncols)
+fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3 * nrows), squeeze=False)
+for ax, (suite, figure) in zip(axes.flat, SUITES.items()):
+    for policy in POLICIES:
+        requests, tokens, _ = runs[(suite, policy)]
+        diff = fairness.accumulated_difference(fairness.served_intervals(requests, tokens), times)
+        ax.plot(diff.index, diff.to_numpy(), label=policy)
+    ax.set_title(f"{suite}\n({figure})", fontsize=8)
+    ax.set_xlabel("time (s)")
+axes[0][0].set_ylabel("accumulated difference (tokens)")
+axes[0][0].legend()
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## Accumulated service difference and Theorem 4.4

@@ -19,6 +19,9 @@
 # and weighted VTC's 1:2:3:4 service split. Tables 2-3 and Figs. 12-14 need
 # `../shared/data/vtc/real_trace.csv` and are skipped with a message without it. Full scale:
 # every row (`SCALE = "full"`, several minutes); CI: one row per table.
+#
+# Full-scale command (needs the `notebooks` extra; do not commit the executed outputs):
+# `jupytext --to ipynb --execute notebooks/vtc_tables.py`
 
 # %% tags=["parameters"]
 SCALE = "full"

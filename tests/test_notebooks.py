@@ -50,3 +50,13 @@ def test_notebook_runs_at_ci_scale(source, tmp_path):
         if o.get("output_type") == "error"
     ]
     assert not errors
+
+
+def test_readme_gallery_images_exist():
+    import re
+
+    root = NOTEBOOKS.parent
+    images = re.findall(r"\]\((docs/gallery/[\w.-]+\.png)\)", (root / "README.md").read_text())
+    assert len(images) >= 8
+    missing = [p for p in images if not (root / p).is_file()]
+    assert not missing, f"run python docs/make_gallery.py: {missing}"
