@@ -105,6 +105,16 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+def test_ray_local_launcher_starts_its_own_ray(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[test]'")
+    env = {**os.environ, "RAY_ADDRESS": ""}  # never attach to a cluster the machine has
+    r = sweep(tmp_path, "hydra/launcher=ray_local", "policy=fcfs,vtc", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Started a local Ray instance" in r.stderr
+    assert set(jobs(tmp_path).values()) == {"completed"} and len(jobs(tmp_path)) == 2
+
+
+@pytest.mark.slow
 def test_ray_launcher_attaches_to_a_running_cluster(tmp_path):
     """CI starts a Ray head on loopback (token authentication, a fresh token) and sweeps
     through it with hydra/launcher=ray_cluster."""
