@@ -35,6 +35,8 @@ def client_weights(trace: Trace, overrides: Mapping[str, float] | None) -> np.nd
 
 def sequential_sum(start: float, increments: np.ndarray) -> np.ndarray:
     """Running totals start + inc_1, + inc_2, ... added one at a time (chunking never matters)."""
+    if increments.shape[0] == 1:  # one step, the common case under load
+        return np.array([start + float(increments[0])])
     return np.cumsum(np.concatenate(([start], increments)))[1:]
 
 

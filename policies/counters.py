@@ -19,10 +19,12 @@ ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL, COMPLETE, PROMPT = range(len(
 class CounterLog:
     def __init__(self) -> None:
         self._time: list[np.ndarray] = []
-        self._client: list[np.ndarray] = []
         self._delta: list[np.ndarray] = []
         self._value: list[np.ndarray] = []
-        self._cause: list[np.ndarray] = []
+        # per add_many call: its client, cause and length (expanded in `frame`)
+        self._client: list[int] = []
+        self._cause: list[int] = []
+        self._count: list[int] = []
 
     def add(self, time: float, client: int, delta: float, value: float, cause: int) -> None:
         self.add_many(np.array([time]), client, np.array([delta]), np.array([value]), cause)
@@ -30,12 +32,12 @@ class CounterLog:
     def add_many(
         self, times: np.ndarray, client: int, deltas: np.ndarray, values: np.ndarray, cause: int
     ) -> None:
-        n = times.shape[0]
         self._time.append(times)
-        self._client.append(np.full(n, client, dtype=np.int64))
         self._delta.append(deltas)
         self._value.append(values)
-        self._cause.append(np.full(n, cause, dtype=np.int8))
+        self._client.append(client)
+        self._cause.append(cause)
+        self._count.append(times.shape[0])
 
     def frame(self, client_names: list[str]) -> pd.DataFrame:
         """Events by time (ties in the order they happened): time, client, cause, delta, value."""
@@ -46,10 +48,11 @@ class CounterLog:
             cols["client"] = cols["client"].astype(np.int64)
             cols["cause"] = cols["cause"].astype(np.int8)
         else:
+            counts = np.asarray(self._count, dtype=np.int64)
             cols = {
                 "time": np.concatenate(self._time),
-                "client": np.concatenate(self._client),
-                "cause": np.concatenate(self._cause),
+                "client": np.repeat(np.asarray(self._client, dtype=np.int64), counts),
+                "cause": np.repeat(np.asarray(self._cause, dtype=np.int8), counts),
                 "delta": np.concatenate(self._delta),
                 "value": np.concatenate(self._value),
             }
