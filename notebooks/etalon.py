@@ -59,12 +59,11 @@ plt.show()
 
 # %%
 import pandas as pd
-from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from simulator.prefill_curve import fit_prefill_curve, profile_prefill
 from simulator.qoe import qoe_summary
-from simulator.run import build_trace, simulate
+from simulator.run import compose_config, simulate_config
 
 LOADS = {"ci": (0.5, 1.0, 1.5), "full": (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)}[SCALE]
 DURATION = {"ci": 60, "full": 600}[SCALE]
@@ -72,12 +71,9 @@ rows = []
 for policy in ("fcfs", "vtc", "lcf"):
     for load in LOADS:
         overrides = [f"policy={policy}", f"workload.rate_scale={load}"]
-        with initialize_config_module("conf", version_base="1.3"):
-            cfg = compose("config", overrides=[*overrides, f"workload.duration={DURATION}"])
+        cfg = compose_config([*overrides, f"workload.duration={DURATION}"])
+        timeline = simulate_config(cfg)
         engine, cost = instantiate(cfg.engine), instantiate(cfg.cost_model)
-        timeline = simulate(
-            build_trace(cfg), instantiate(cfg.policy, _convert_="all"), cost, engine
-        )
         qoe_cfg = instantiate(cfg.qoe, _convert_="all")
         curve = fit_prefill_curve(profile_prefill(cost, engine))
         q = qoe_summary(timeline.requests_frame(), timeline.tokens_frame(), qoe_cfg, curve)
@@ -111,15 +107,10 @@ from simulator.capacity_run import capacity_search
 PER_PROBE = {"ci": 300, "full": 2000}[SCALE]
 found = {}
 for policy in ("fcfs", "vtc"):
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose(
-            "capacity",
-            overrides=[
-                f"policy={policy}",
-                "cost_model=roofline",
-                f"capacity.num_requests={PER_PROBE}",
-            ],
-        )
+    cfg = compose_config(
+        [f"policy={policy}", "cost_model=roofline", f"capacity.num_requests={PER_PROBE}"],
+        config_name="capacity",
+    )
     (result,) = capacity_search(cfg)
     found[policy] = result.best_value
     print(f"{policy}: capacity {result.best_value} requests/s ({result.note})")

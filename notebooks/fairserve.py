@@ -29,11 +29,9 @@ SCALE = "full"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
 
 from simulator import interactions
-from simulator.run import build_trace, simulate
+from simulator.run import compose_config, simulate_config
 
 POLICIES = {
     "ci": ("fairserve", "rpm_interaction", "vtc"),
@@ -44,14 +42,7 @@ SEEDS = {"ci": (0,), "full": (0, 1, 2)}[SCALE]
 
 def run(experiment: str, policy: str, seed: int, *extra: str) -> pd.DataFrame:
     overrides = [f"experiment={experiment}", f"policy={policy}", f"seed={seed}", *extra]
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    return simulate(
-        build_trace(cfg),
-        instantiate(cfg.policy, _convert_="all"),
-        instantiate(cfg.cost_model, _convert_="all"),
-        instantiate(cfg.engine, _convert_="all"),
-    ).requests_frame()
+    return simulate_config(compose_config(overrides)).requests_frame()
 
 
 runs = {(p, s): run("fairserve_overload", p, s) for p in POLICIES for s in SEEDS}
@@ -167,18 +158,10 @@ case = MultiAppWorkload(
         ),
     ),
 ).build(seed=0)
-with initialize_config_module("conf", version_base="1.3"):
-    base = compose("config", overrides=["engine.pool_tokens=20000"])
 rows = []
 for policy in ("rpm_interaction", "fs_w", "vtc", "fairserve"):
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=[f"policy={policy}", "engine.pool_tokens=20000"])
-    r = simulate(
-        case,
-        instantiate(cfg.policy, _convert_="all"),
-        instantiate(base.cost_model, _convert_="all"),
-        instantiate(cfg.engine, _convert_="all"),
-    ).requests_frame()
+    cfg = compose_config([f"policy={policy}", "engine.pool_tokens=20000"])
+    r = simulate_config(cfg, trace=case).requests_frame()
     apps = interactions.per_app(r, duration=120.0).set_index("app")
     for app, row in apps.iterrows():
         rows.append(

@@ -26,25 +26,16 @@ SCALE = "full"
 
 # %%
 import matplotlib.pyplot as plt
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
 
 from simulator import fairness, metrics
-from simulator.run import build_trace, simulate
+from simulator.run import compose_config, simulate_config
 
 DURATION = {"ci": 60, "full": 600}[SCALE]
 
 
 def run(policy: str):
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=[f"policy={policy}", f"workload.duration={DURATION}"])
-    trace = build_trace(cfg)
-    timeline = simulate(
-        trace,
-        instantiate(cfg.policy, _convert_="all"),
-        instantiate(cfg.cost_model, _convert_="all"),
-        instantiate(cfg.engine, _convert_="all"),
-    )
+    cfg = compose_config([f"policy={policy}", f"workload.duration={DURATION}"])
+    timeline = simulate_config(cfg)
     return timeline.requests_frame(), timeline.tokens_frame(), timeline.steps_frame()
 
 

@@ -29,11 +29,9 @@ SCALE = "full"
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
 
 from simulator import fairness
-from simulator.run import build_trace, simulate
+from simulator.run import build_trace, compose_config, simulate_config
 
 SUITES = {
     "vtc_overload": "Fig. 3",
@@ -55,16 +53,12 @@ def run(experiment: str, policy: str):
     overrides = [f"experiment={experiment}", f"policy={policy}"]
     if HORIZON is not None:
         overrides.append(f"engine.horizon={HORIZON}")
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose_config(overrides)
     trace = build_trace(cfg)
     if HORIZON is not None:
         trace = trace.take(np.flatnonzero(trace.arrival < HORIZON))
-    engine = instantiate(cfg.engine, _convert_="all")
-    tl = simulate(
-        trace, instantiate(cfg.policy, _convert_="all"), instantiate(cfg.cost_model), engine
-    )
-    return tl.requests_frame(), tl.tokens_frame(), engine
+    tl = simulate_config(cfg, trace)
+    return tl.requests_frame(), tl.tokens_frame(), int(cfg.engine.pool_tokens)
 
 
 runs = {(s, p): run(s, p) for s in SUITES for p in POLICIES}
@@ -127,10 +121,10 @@ suite = "vtc_overload"
 times = np.linspace(1.0, TOTAL, 200)
 fig, ax = plt.subplots(figsize=(6.5, 3.5))
 for policy in POLICIES:
-    requests, tokens, engine = runs[(suite, policy)]
+    requests, tokens, pool = runs[(suite, policy)]
     diff = fairness.accumulated_difference(fairness.served_intervals(requests, tokens), times)
     ax.plot(diff.index, diff.to_numpy(), label=policy)
-u = max(1.0 * requests.prompt_len.max(), 2.0 * engine.pool_tokens)
+u = max(1.0 * requests.prompt_len.max(), 2.0 * pool)
 ax.axhline(2 * u, color="k", ls=":", label="2U (Theorem 4.4)")
 ax.set_xlabel("time (s)")
 ax.set_ylabel("max_i W_i - min_i W_i (tokens)")
@@ -174,14 +168,7 @@ for pool in (35_000, 65_000):
                 f"workload.input_range=[{length},{length + 1}]",
                 f"workload.output_range=[{length},{length + 1}]",
             ]
-            with initialize_config_module("conf", version_base="1.3"):
-                cfg = compose("config", overrides=overrides)
-            tl = simulate(
-                build_trace(cfg),
-                instantiate(cfg.policy, _convert_="all"),
-                instantiate(cfg.cost_model, _convert_="all"),
-                instantiate(cfg.engine, _convert_="all"),
-            )
+            tl = simulate_config(compose_config(overrides))
             s = fairness.fairness_summary(tl.requests_frame(), tl.tokens_frame())
             rows.append(
                 {

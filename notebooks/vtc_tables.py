@@ -31,13 +31,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
 
 import simulator
 from simulator import fairness
 from simulator.paper_tables import ROWS, measure
-from simulator.run import build_trace, simulate
+from simulator.run import compose_config, simulate_config
 
 # ../shared beside the project (or beside the working folder)
 candidates = [Path(simulator.__file__).resolve().parents[2], Path.cwd().parent]
@@ -86,14 +84,7 @@ pd.DataFrame(records).round(1)
 
 # %%
 def run(*overrides: str):
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    tl = simulate(
-        build_trace(cfg),
-        instantiate(cfg.policy, _convert_="all"),
-        instantiate(cfg.cost_model, _convert_="all"),
-        instantiate(cfg.engine, _convert_="all"),
-    )
+    tl = simulate_config(compose_config(overrides))
     return tl.requests_frame(), tl.tokens_frame()
 
 

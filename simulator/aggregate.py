@@ -23,7 +23,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from simulator import fairness, metrics
-from simulator.sweep import read_job
+from simulator.sweep import job_folders, read_job
 
 GROUPS = ("policy", "workload", "engine", "cost_model", "experiment")
 RUN_METRICS = {  # column: path in summary.json
@@ -43,11 +43,6 @@ RUN_METRICS = {  # column: path in summary.json
 LATENCY = ("ttft", "tpot", "e2e", "tbt")
 STATS = ("mean", "p50", "p90", "p99")
 PLOTTED = ("throughput_tokens_per_s", "jain_index", "ttft_mean", "fluidity_mean")
-
-
-def job_folders(sweep_dir: str | Path) -> list[Path]:
-    """Every job folder (one with Hydra's `.hydra/`) under `sweep_dir`, in name order."""
-    return sorted(p.parent for p in Path(sweep_dir).glob("**/.hydra"))
 
 
 def _scalar(text: str) -> Any:
@@ -144,9 +139,8 @@ def write_aggregate(sweep_dir: str | Path, table: pd.DataFrame) -> tuple[Path, P
 def load_column(table: pd.DataFrame) -> str | None:
     """The column to put on the x axis: workload.rate_scale if swept, else the first numeric
     override that varies (not the seed) among completed jobs."""
-    skip = {"job", "status", "error", "client", "seed", *GROUPS}
-    fixed = set(RUN_METRICS) | {c for c in table.columns if c.startswith(LATENCY)}
-    candidates = [c for c in table.columns if c not in skip | fixed and "." in c]
+    # overrides of config values have dotted keys; metric and group columns do not
+    candidates = [c for c in table.columns if "." in c]
     if "workload.rate_scale" in candidates:
         candidates.insert(0, "workload.rate_scale")
     done = table[table.status == "completed"]

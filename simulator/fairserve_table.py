@@ -12,11 +12,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
-
 from simulator import interactions, metrics
-from simulator.run import build_trace, simulate
+from simulator.run import compose_config, simulate_config
 
 EXPERIMENTS = ("fairserve_overload", "fairserve_sustained", "fairserve_no_overload")
 POLICIES = ("fairserve", "fs_w", "fs_wl", "fs_wo", "rpm_interaction", "vtc")
@@ -29,14 +26,7 @@ def measure(
     overrides = [f"experiment={experiment}", f"policy={policy}", *extra]
     if seed is not None:
         overrides.append(f"seed={seed}")
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    timeline = simulate(
-        build_trace(cfg),
-        instantiate(cfg.policy, _convert_="all"),
-        instantiate(cfg.cost_model, _convert_="all"),
-        instantiate(cfg.engine, _convert_="all"),
-    )
+    timeline = simulate_config(compose_config(overrides))
     requests = timeline.requests_frame()
     throttled = interactions.throttling(requests)
     latency = interactions.interaction_latency(requests, users="!abuser")

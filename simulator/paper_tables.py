@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
-
 from policies.service import LinearService, ProfiledService
 from simulator.fairness import fairness_summary
-from simulator.run import build_trace, simulate
+from simulator.run import compose_config, simulate_config
 
 
 @dataclass(frozen=True)
@@ -127,14 +124,7 @@ ROWS = (
 
 def measure(row: PaperRow) -> dict[str, object]:
     """Run one row's configuration and score it as the paper did (revision form)."""
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=list(row.overrides))
-    timeline = simulate(
-        build_trace(cfg),
-        instantiate(cfg.policy, _convert_="all"),
-        instantiate(cfg.cost_model, _convert_="all"),
-        instantiate(cfg.engine, _convert_="all"),
-    )
+    timeline = simulate_config(compose_config(row.overrides))
     table_service = ProfiledService() if row.table in ("3", "4") else LinearService()
     return fairness_summary(timeline.requests_frame(), timeline.tokens_frame(), table_service)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,24 @@ def unfit(trace: Trace, engine: EngineConfig, cost: StepCostModel) -> dict[str, 
 def build_trace(cfg: DictConfig) -> Trace:
     workload = instantiate(cfg.workload, _convert_="all")
     return workload.build(int(cfg.seed))
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
+    """The config `fairsim` would run for these command-line overrides."""
+    with initialize_config_module("conf", version_base="1.3"):
+        return compose(config_name, overrides=list(overrides))
+
+
+def simulate_config(cfg: DictConfig, trace: Trace | None = None) -> Timeline:
+    """Run a composed config (its workload's trace unless `trace` is given) on its policy,
+    cost model, engine and cluster."""
+    return simulate(
+        build_trace(cfg) if trace is None else trace,
+        instantiate(cfg.policy, _convert_="all"),
+        instantiate(cfg.cost_model, _convert_="all"),
+        instantiate(cfg.engine, _convert_="all"),
+        cluster=instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None,
+    )
 
 
 def run_config(

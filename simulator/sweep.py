@@ -122,11 +122,15 @@ def _write(folder: str | Path, data: dict[str, Any]) -> None:
     tmp.replace(Path(folder, JOB_FILE))  # atomic: a reader never sees half a file
 
 
+def job_folders(sweep_dir: str | Path) -> list[Path]:
+    """Every job folder (one with Hydra's `.hydra/`) under `sweep_dir`, in name order."""
+    return sorted(p.parent for p in Path(sweep_dir).glob("**/.hydra"))
+
+
 def job_table(sweep_dir: str | Path) -> list[dict[str, str]]:
-    """Every job folder under `sweep_dir` (those with `.hydra/`), with its status."""
+    """Every job folder under `sweep_dir`, with its status."""
     rows = []
-    for hydra_dir in sorted(Path(sweep_dir).glob("**/.hydra")):
-        folder = hydra_dir.parent
+    for folder in job_folders(sweep_dir):
         job = read_job(folder) or {"status": "unfinished"}
         rows.append(
             {
