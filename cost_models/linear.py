@@ -40,12 +40,13 @@ class LinearStepCost:
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         p = np.asarray(prompt_lens, dtype=np.float64)
+        # integer-valued sums: exact in float64 whatever the summation order
         return float(
             self.step_overhead
             + self.prefill_base
             + self.prefill_per_request * p.shape[0]
-            + self.prefill_per_token * p.sum()
-            + self.prefill_per_token_sq * np.square(p).sum()
+            + self.prefill_per_token * float(p.sum())
+            + self.prefill_per_token_sq * float(p @ p)
         )
 
     def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:

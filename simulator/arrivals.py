@@ -35,33 +35,37 @@ class Arrivals:
     coupled = False  # a cluster's feed routes arrivals between replicas that step together
 
     def __init__(self, rows: list[int], times: list[float], horizon: float | None = None) -> None:
-        self._rows, self._times, self._next = rows, times, 0
+        # a sentinel at the end (time inf) saves a bounds check on every look-up
+        self._rows, self._times, self._next = [*rows, -1], [*times, np.inf], 0
         self.horizon = horizon  # arrivals after it never happen
         self._released: list[tuple[float, int]] = []  # heap: (time, row) of chained calls
+        self._next_time = self._times[0]  # kept up to date: engines ask for it very often
         self.deliver: Callable[[int, float], None] = lambda req, t: None
 
     def next_time(self) -> float:
         """Time of the next arrival known so far (inf: none)."""
-        i = self._next
-        t = self._times[i] if i < len(self._times) else np.inf
+        return self._next_time
+
+    def _update_next_time(self) -> None:
+        t = self._times[self._next]
         if self._released and self._released[0][0] <= t:
-            return self._released[0][0]
-        return t
+            t = self._released[0][0]
+        self._next_time = t
 
     def ingest(self, until: float) -> None:
         """Deliver every arrival with time <= until (and the horizon), in (time, row) order."""
         if self.horizon is not None:
             until = min(until, self.horizon)
-        while self.next_time() <= until:
+        while self._next_time <= until:
             i = self._next
-            if self._released and (
-                i >= len(self._rows) or self._released[0] < (self._times[i], self._rows[i])
-            ):
+            if self._released and self._released[0] < (self._times[i], self._rows[i]):
                 t, req = heapq.heappop(self._released)
             else:
                 t, req = self._times[i], self._rows[i]
                 self._next += 1
+            self._update_next_time()
             self.deliver(req, t)
 
     def release(self, req: int, t: float) -> None:
         heapq.heappush(self._released, (t, req))
+        self._update_next_time()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import heapq
 import time as wallclock
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -169,9 +170,12 @@ class SLoRAEngine:
         self.first_decode = np.full(n, -1, dtype=np.int64)
         self.finish_decode = np.full(n, -1, dtype=np.int64)  # decode count when it finishes
         self.steps = StepLog()
-        self.running = np.empty(0, dtype=np.int64)  # trace rows, in admission order
-        self._run_cols: dict[str, np.ndarray] = {}  # per-running-request columns, same order
-        self._finishes: list[int] = []  # heap: decode counts at which running requests finish
+        # running requests in admission order: rows (trace row, client, finish decode count)
+        self._run_table = np.empty((3, 0), dtype=np.int64)
+        self.running = self._run_table[0]  # their trace rows
+        self._admitted = 0  # admissions so far: ties in the finish heap keep admission order
+        # heap of (decode count at which it finishes, admission number, trace row)
+        self._finishes: list[tuple[int, int, int]] = []
         self._fit: RunningFit | None = None  # fit-test state; finishes keep it valid
         self.running_clients: dict[int, int] = {}
         self.now = 0.0
@@ -326,10 +330,11 @@ class SLoRAEngine:
         cfg = self.cfg
         if tokens + p > cfg.batch_max_tokens:
             return False
-        if self.running.shape[0] + pending + 1 > cfg.running_max_req_size:
+        if self.running.shape[0] + pending >= cfg.running_max_req_size:
             return False
-        reserve = cfg.reserve_per_client * (len(clients) + (c not in clients))
-        limit = cfg.pool_tokens - reserve
+        limit = cfg.pool_tokens
+        if cfg.reserve_per_client:
+            limit -= cfg.reserve_per_client * (len(clients) + (c not in clients))
         return fit.need(p, o, enough=limit) < limit
 
     # ---- steps --------------------------------------------------------------------------
@@ -344,16 +349,18 @@ class SLoRAEngine:
         self.first_token_at[idx] = end
         self.first_decode[idx] = self.decodes
         self.finish_decode[idx] = self.decodes + self.output[idx] - 1
-        for f in self.finish_decode[idx].tolist():
-            heapq.heappush(self._finishes, f)
-        self._set_running(np.concatenate([self.running, idx]))
+        for req, f in zip(batch, self.finish_decode[idx].tolist(), strict=True):
+            heapq.heappush(self._finishes, (f, self._admitted, req))
+            self._admitted += 1
+        joined = np.stack([idx, self.client[idx], self.finish_decode[idx]])
+        self._set_running(np.concatenate([self._run_table, joined], axis=1))
         self._fit = None  # requests joined: rebuilt when the next fit test needs it
         for c in self.client[idx].tolist():
             self.running_clients[c] = self.running_clients.get(c, 0) + 1
         self.kv_used += int(self.prompt[idx].sum())  # the first output token has no KV yet
         self._check_pool()
         tokens = int(self.prompt[idx].sum())
-        self.steps.append_run(start, np.array([end]), PREFILL, len(batch), tokens, self.kv_used, 0)
+        self.steps.append_run(start, [end], PREFILL, len(batch), tokens, self.kv_used, 0)
         self.now = end
         self.wait_steps = 0
         self.arrivals.ingest(end)
@@ -362,7 +369,7 @@ class SLoRAEngine:
     def _plan_run(self) -> int:
         """Upper bound on decode steps before anything could change the schedule."""
         cfg = self.cfg
-        until_finish = self._finishes[0] - self.decodes
+        until_finish = self._finishes[0][0] - self.decodes
         if not cfg.fast_forward:
             return 1
         if self.running.shape[0] >= cfg.running_max_req_size:
@@ -372,27 +379,27 @@ class SLoRAEngine:
             return min(until_finish, max(wait_left, 1), MAX_RUN_STEPS)
         return min(until_finish, MAX_RUN_STEPS)
 
-    def _step_ends(self, n: int, k: int) -> np.ndarray:
+    def _step_ends(self, n: int, k: int) -> list[float]:
         """End times of the next decode steps of `n` requests: at most `k`, cut at the next
         arrival that could be admitted and at the horizon."""
         cfg = self.cfg
         if k <= SHORT_RUN_STEPS:  # the common case: scalar arithmetic beats array set-up
-            end, ends_list = self.now, []
+            end, ends = self.now, []
             for j in range(1, k + 1):  # the same additions, in the same order, as the cumsum
                 end += self.cost.decode_time(n, self.kv_used + n * j)
-                ends_list.append(end)
-            ends = np.array(ends_list)
+                ends.append(end)
         else:
             context = self.kv_used + n * np.arange(1, k + 1, dtype=np.int64)  # KV read per step
-            ends = np.cumsum(np.concatenate(([self.now], self.cost.decode_times(n, context))))[1:]
+            times = self.cost.decode_times(n, context)
+            ends = np.cumsum(np.concatenate(([self.now], times)))[1:].tolist()
         room = n < cfg.running_max_req_size
         nxt = self.arrivals.next_time()
         if room and not len(self.queue) and nxt < np.inf:
             # stop at the step whose end sees the next arrival, unless still inside the wait
-            seen = int(np.searchsorted(ends, nxt, side="left")) + 1
+            seen = bisect_left(ends, nxt) + 1
             k = min(k, max(cfg.max_wait_tokens - self.wait_steps, seen))
         if cfg.horizon is not None:  # no step starts at or after the horizon (now < horizon)
-            k = min(k, 1 + int(np.searchsorted(ends[: k - 1], cfg.horizon, side="left")))
+            k = min(k, 1 + bisect_left(ends, cfg.horizon, 0, k - 1))
         return ends[:k]
 
     def _decode_run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
@@ -422,21 +429,21 @@ class SLoRAEngine:
         cfg = self.cfg
         n = self.running.shape[0]
         ends = self._step_ends(n, self._plan_run())
-        k = ends.shape[0]
-        last = float(ends[-1])
-        clients = self._run_cols["client"]
+        k = len(ends)
+        last = ends[-1]
+        clients = self._run_table[1]
         done = 0
         limit = last if cfg.horizon is None else min(last, cfg.horizon)
         while self.arrivals.next_time() <= limit:
             t = self.arrivals.next_time()
             if self.charges_decode:
-                j = int(np.searchsorted(ends, t, side="left"))
+                j = bisect_left(ends, t)
                 if j > done:  # steps ending before this arrival take effect first
-                    self.policy.on_decode(self.running, clients, ends[done:j])
+                    self.policy.on_decode(self.running, clients, np.array(ends[done:j]))
                     done = j
             self.arrivals.ingest(t)
         if self.charges_decode:
-            self.policy.on_decode(self.running, clients, ends[done:])
+            self.policy.on_decode(self.running, clients, np.array(ends[done:]))
 
         self.steps.append_run(self.now, ends, DECODE, n, n, self.kv_used + n, n)
         self.decodes += k
@@ -449,18 +456,13 @@ class SLoRAEngine:
     def _finish_due(self) -> None:
         """Release every running request that has produced its last token."""
         finishes = self._finishes
-        if not finishes or finishes[0] != self.decodes:
+        if not finishes or finishes[0][0] != self.decodes:
             return
-        while finishes and finishes[0] == self.decodes:
-            heapq.heappop(finishes)
-        cols = self._run_cols
-        keep = cols["finish_decode"] != self.decodes
-        rows = self.running[~keep].tolist()
-        self.running = self.running[keep]
-        self._run_cols = {
-            "client": cols["client"][keep],
-            "finish_decode": cols["finish_decode"][keep],
-        }
+        rows = []  # in admission order, as in the running set
+        while finishes and finishes[0][0] == self.decodes:
+            rows.append(heapq.heappop(finishes)[2])
+        table = self._run_table
+        self._set_running(table.compress(table[2] != self.decodes, axis=1))
         self.finished += len(rows)
         for req in rows:
             self.finished_at[req] = self.now
@@ -476,10 +478,10 @@ class SLoRAEngine:
             if self._successor:
                 self._release_successor(req, self.now)
 
-    def _set_running(self, rows: np.ndarray) -> None:
-        """Replace the running set, caching its per-request columns for the hot path."""
-        self.running = rows
-        self._run_cols = {"client": self.client[rows], "finish_decode": self.finish_decode[rows]}
+    def _set_running(self, table: np.ndarray) -> None:
+        """Replace the running set (rows: trace row, client, finish decode count)."""
+        self._run_table = table
+        self.running = table[0]
 
     def _check_pool(self) -> None:
         if self.kv_used > self.cfg.pool_tokens:

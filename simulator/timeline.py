@@ -9,6 +9,7 @@ of `generated - 1` consecutive decode steps starting at decode step `first_decod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import pandas as pd
@@ -32,13 +33,13 @@ class StepLog:
     NAMES = ("start", "end", "kind", "batch_size", "num_tokens", "kv_used")
 
     def __init__(self) -> None:
-        self._ends: list[np.ndarray] = []
+        self._ends: list[list[float]] = []
         self._runs: list[tuple[float, int, int, int, int, int, int]] = []
 
     def append_run(
         self,
         start: float,
-        ends: np.ndarray,
+        ends: list[float],
         kind: int,
         batch_size: int,
         num_tokens: int,
@@ -46,7 +47,7 @@ class StepLog:
         kv_step: int,
     ) -> None:
         self._ends.append(ends)
-        self._runs.append((start, ends.shape[0], kind, batch_size, num_tokens, kv_first, kv_step))
+        self._runs.append((start, len(ends), kind, batch_size, num_tokens, kv_first, kv_step))
 
     def columns(self) -> dict[str, np.ndarray]:
         if not self._runs:
@@ -55,7 +56,7 @@ class StepLog:
                 n: empty.astype(np.int64 if n != "start" and n != "end" else float)
                 for n in self.NAMES
             }
-        end = np.concatenate(self._ends)
+        end = np.fromiter(chain.from_iterable(self._ends), dtype=np.float64)
         start_of_run = np.array([r[0] for r in self._runs])
         k, kind, batch, tokens, kv_first, kv_step = (
             np.array([r[i] for r in self._runs], dtype=np.int64) for i in range(1, 7)
@@ -125,12 +126,12 @@ class Timeline:
             a, b = int(starts[lo]), int(starts[hi - 1] + gs[-1])
             # int32 throughout: a block holds at most TOKEN_BLOCK tokens, and step numbers fit
             local = (starts[lo:hi] - a).astype(np.int32)
-            within = np.arange(b - a, dtype=np.int32) - np.repeat(local, gs)
-            index[a:b] = within
+            within = index[a:b]
+            np.subtract(np.arange(b - a, dtype=np.int32), np.repeat(local, gs), out=within)
             if decode_ends.size:
-                within += np.repeat(step_of_first[lo:hi].astype(np.int32), gs)
-                np.maximum(within, 0, out=within)
-                decode_ends.take(within, out=time[a:b], mode="clip")
+                step = within + np.repeat(step_of_first[lo:hi].astype(np.int32), gs)
+                # token 0 (step -1 where first_decode is 0) is clipped here, set below
+                decode_ends.take(step, out=time[a:b], mode="clip")
         has = g > 0
         time[starts[has]] = self.first_token_at[has]
         return rows, index, time
