@@ -342,24 +342,27 @@ class SLoRAEngine:
         self, env: simpy.Environment, batch: list[int]
     ) -> Generator[simpy.Event, None, None]:
         idx = np.asarray(batch, dtype=np.int64)
+        prompts = self.prompt[idx]
         start = self.now
-        end = start + self.cost.prefill_time(self.prompt[idx])
+        end = start + self.cost.prefill_time(prompts)
         yield env.timeout(max(0.0, end - env.now))
         self.admitted_at[idx] = start
         self.first_token_at[idx] = end
         self.first_decode[idx] = self.decodes
-        self.finish_decode[idx] = self.decodes + self.output[idx] - 1
-        for req, f in zip(batch, self.finish_decode[idx].tolist(), strict=True):
+        finish = self.decodes + self.output[idx] - 1
+        self.finish_decode[idx] = finish
+        for req, f in zip(batch, finish.tolist(), strict=True):
             heapq.heappush(self._finishes, (f, self._admitted, req))
             self._admitted += 1
-        joined = np.stack([idx, self.client[idx], self.finish_decode[idx]])
-        self._set_running(np.concatenate([self._run_table, joined], axis=1))
+        clients = self.client[idx]
+        joined = np.array((idx, clients, finish))
+        self._set_running(np.concatenate((self._run_table, joined), axis=1))
         self._fit = None  # requests joined: rebuilt when the next fit test needs it
-        for c in self.client[idx].tolist():
+        for c in clients.tolist():
             self.running_clients[c] = self.running_clients.get(c, 0) + 1
-        self.kv_used += int(self.prompt[idx].sum())  # the first output token has no KV yet
+        tokens = int(prompts.sum())
+        self.kv_used += tokens  # the first output token has no KV yet
         self._check_pool()
-        tokens = int(self.prompt[idx].sum())
         self.steps.append_run(start, [end], PREFILL, len(batch), tokens, self.kv_used, 0)
         self.now = end
         self.wait_steps = 0
