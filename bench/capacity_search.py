@@ -19,15 +19,14 @@ import json
 import time
 
 import numpy as np
-from hydra import compose, initialize_config_module
 
 from simulator.capacity import etalon_search
 from simulator.capacity_run import SimulatedService
+from simulator.run import compose_config
 
 
 def main() -> None:
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("capacity")
+    cfg = compose_config(config_name="capacity")
     t0 = time.perf_counter()
     service = SimulatedService(cfg)
     setup = time.perf_counter() - t0

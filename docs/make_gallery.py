@@ -10,18 +10,13 @@ import argparse
 import base64
 from pathlib import Path
 
-import jupytext
-import nbclient
-import nbformat
+from simulator.notebook_run import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def figures(source: Path, scale: str) -> list[bytes]:
-    nb = jupytext.read(source)
-    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(f"SCALE = {scale!r}"))
-    nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3").execute()
+    nb = execute(source, scale)
     return [
         base64.b64decode(out["data"]["image/png"])
         for cell in nb.cells

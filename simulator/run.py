@@ -60,20 +60,32 @@ def build_trace(cfg: DictConfig) -> Trace:
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
-    """The config `fairsim` would run for these command-line overrides."""
+    """The config `fairsim` would run for these command-line overrides (also from inside a
+    running `fairsim`, where Hydra is already initialised)."""
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name, overrides=list(overrides))
     with initialize_config_module("conf", version_base="1.3"):
         return compose(config_name, overrides=list(overrides))
+
+
+def instantiate_parts(
+    cfg: DictConfig,
+) -> tuple[Policy, StepCostModel, EngineConfig, ClusterConfig | None]:
+    """The policy, cost model, engine and cluster a composed config names."""
+    return (
+        instantiate(cfg.policy, _convert_="all"),
+        instantiate(cfg.cost_model, _convert_="all"),
+        instantiate(cfg.engine, _convert_="all"),
+        instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None,
+    )
 
 
 def simulate_config(cfg: DictConfig, trace: Trace | None = None) -> Timeline:
     """Run a composed config (its workload's trace unless `trace` is given) on its policy,
     cost model, engine and cluster."""
+    policy, cost, engine, cluster = instantiate_parts(cfg)
     return simulate(
-        build_trace(cfg) if trace is None else trace,
-        instantiate(cfg.policy, _convert_="all"),
-        instantiate(cfg.cost_model, _convert_="all"),
-        instantiate(cfg.engine, _convert_="all"),
-        cluster=instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None,
+        build_trace(cfg) if trace is None else trace, policy, cost, engine, None, cluster
     )
 
 
@@ -82,10 +94,7 @@ def run_config(
 ) -> tuple[Timeline, RunOutputs]:
     """Instantiate everything named in a composed config, run it, write the run folder."""
     trace = build_trace(cfg)
-    policy = instantiate(cfg.policy, _convert_="all")
-    cost = instantiate(cfg.cost_model, _convert_="all")
-    engine = instantiate(cfg.engine, _convert_="all")
-    cluster = instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None
+    policy, cost, engine, cluster = instantiate_parts(cfg)
     raw_slos = cfg.get("slos")
     slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
     unfit_counts = unfit(trace, engine, cost)
@@ -100,13 +109,12 @@ def run_config(
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     outputs = write_run(timeline, out_dir, resolved)
     outputs.summary["unfit_requests"] = unfit_counts
-    Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
     if cfg.get("qoe"):
         add_qoe(cfg, outputs, out_dir, cost, engine, slos)
     other = cfg.get("compare_with")
     if other and other != policy.name:
         outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster)
-        Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
+    Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
     return timeline, outputs
 
 
@@ -118,8 +126,8 @@ def add_qoe(
     engine: EngineConfig,
     slos: list[SLO],
 ) -> None:
-    """The `qoe` block of summary.json, the SLO results, and (unless switched off) the
-    Veeksha-compatible files under metrics/."""
+    """The `qoe` block and the SLO results of the summary (the caller writes summary.json),
+    and (unless switched off) the Veeksha-compatible files under metrics/."""
     qoe_cfg: QoEConfig = instantiate(cfg.qoe, _convert_="all")
     curve = None
     if qoe_cfg.ttft_deadline is None:
@@ -143,7 +151,6 @@ def add_qoe(
     else:
         results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve))
     outputs.summary["slo_results"] = json_safe(results)
-    Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
 
 
 def compare(
@@ -155,11 +162,7 @@ def compare(
 ) -> dict[str, Any]:
     """The same trace and engine under another policy (its conf/policy default): its fairness
     figures and throughput, for the side-by-side printout."""
-    if GlobalHydra.instance().is_initialized():  # inside `fairsim` (hydra.main)
-        policy_cfg = compose("config", overrides=[f"policy={policy_name}"]).policy
-    else:
-        with initialize_config_module("conf", version_base="1.3"):
-            policy_cfg = compose("config", overrides=[f"policy={policy_name}"]).policy
+    policy_cfg = compose_config([f"policy={policy_name}"]).policy
     timeline = simulate(
         trace, instantiate(policy_cfg, _convert_="all"), cost, engine, cluster=cluster
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,9 +152,7 @@ class SweepReport(Callback):
         if not rows:
             return
         pd.DataFrame(rows).to_csv(sweep_dir / "jobs.csv", index=False)
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        counts = Counter(r["status"] for r in rows)
         summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         print(f"fairsim sweep {sweep_dir}: {len(rows)} jobs: {summary}", file=sys.stderr)
         failed = [r for r in rows if r["status"] != "completed"]

@@ -15,13 +15,11 @@ asserted with the bound they do meet, so a regression still fails:
 from functools import cache
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
 
 from conftest import SHARED_DATA
 from simulator import metrics
 from simulator.paper_tables import ROWS, PaperRow, measure
-from simulator.run import build_trace, simulate
+from simulator.run import compose_config, simulate_config
 
 PAPER_FCFS_OVERLOAD_TOKENS_PER_S = 876  # Table 4
 NEAR_ZERO = {("4", "VTC(oracle)"), ("5", "VTC(oracle)")}
@@ -99,14 +97,7 @@ def test_overload_ordering_prediction_helps():
 
 @pytest.mark.parametrize("overrides", [[], ["experiment=vtc_overload"]])
 def test_fcfs_overload_throughput_within_10_percent_of_the_paper(overrides):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["policy=fcfs", *overrides])
-    tl = simulate(
-        build_trace(cfg),
-        instantiate(cfg.policy),
-        instantiate(cfg.cost_model),
-        instantiate(cfg.engine),
-    )
+    tl = simulate_config(compose_config(["policy=fcfs", *overrides]))
     tput = metrics.token_throughput(tl.requests_frame())
     assert tput == pytest.approx(PAPER_FCFS_OVERLOAD_TOKENS_PER_S, rel=0.10)
     # decode concurrency near the paper's 19-20 (10,000 / 512)

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
 
 from simulator.capacity import (
     Condition,
@@ -16,6 +15,7 @@ from simulator.capacity import (
     veeksha_search,
 )
 from simulator.capacity_run import SimulatedService, capacity_search, write_results
+from simulator.run import compose_config
 
 
 def below(threshold):
@@ -127,8 +127,7 @@ def test_sla_params_grammar_errors():
 
 
 def capacity_cfg(*overrides):
-    with initialize_config_module("conf", version_base="1.3"):
-        return compose("capacity", overrides=list(overrides))
+    return compose_config(overrides, "capacity")
 
 
 def test_end_to_end_etalon_search_agrees_with_a_direct_sweep(tmp_path):

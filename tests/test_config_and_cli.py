@@ -4,12 +4,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, shared_file
-from simulator.run import run_config
+from simulator.run import compose_config, run_config
 
 GROUPS = ("engine", "cost_model", "policy", "workload", "experiment")
 
@@ -30,8 +29,7 @@ def test_every_config_composes_and_instantiates(group, name, tmp_path):
         overrides.append(f"cost_model.path={profile}")
     if (group, name) == ("cost_model", "vidur_profile"):
         shared_file("vidur_profiles/compute/a100/Llama-2-7b-hf/mlp.csv")
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_config(overrides)
     for g in ("engine", "cost_model", "policy"):
         assert instantiate(cfg[g], _convert_="all") is not None
     workload = cfg.workload
@@ -50,8 +48,7 @@ def test_every_config_composes_and_instantiates(group, name, tmp_path):
 
 
 def test_default_run_through_the_python_api(tmp_path):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["workload.duration=20"])
+    cfg = compose_config(["workload.duration=20"])
     timeline, out = run_config(cfg, tmp_path)
     assert out.summary["requests"] == 30 + 60
     assert cfg.policy._target_ == "policies.VTC"  # VTC is the default policy

@@ -264,13 +264,9 @@ def test_artifact_shaped_workload_matches_the_trace_facts():
     configured users (about a tenth send nothing) in 23 apps over 71 s, the heaviest user ~2,100
     calls (1,778 of them in 60 s in the artifact), the median user a few calls per minute,
     prompt + output < 2,000 (1/8 scale), one app of 288-call interactions, most of one call."""
-    from hydra import compose, initialize_config_module
+    from simulator.run import build_trace, compose_config
 
-    from simulator.run import build_trace
-
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=fairserve_overload"])
-    tr = build_trace(cfg)
+    tr = build_trace(compose_config(["experiment=fairserve_overload"]))
     assert 9_000 <= len(tr) <= 11_000
     assert 1_150 <= tr.num_clients <= 1_359 and len(tr.app_names) == 23
     firsts = tr.call_index == 0

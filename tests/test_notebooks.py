@@ -11,6 +11,8 @@ jupytext = pytest.importorskip("jupytext", reason="pip install -e '.[test]' (jup
 nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' (jupytext, nbclient)")
 nbformat = pytest.importorskip("nbformat")
 
+from simulator.notebook_run import execute  # noqa: E402
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("*.py"))
 
@@ -35,13 +37,7 @@ def test_ipynb_is_the_stripped_twin_of_its_source(source):
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_notebook_runs_at_ci_scale(source, tmp_path):
-    nb = jupytext.read(source)
-    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    nb.cells.insert(at + 1, nbformat.v4.new_code_cell('SCALE = "ci"  # injected by the test'))
-    client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute()  # raises CellExecutionError naming the failing cell
+    nb = execute(source, "ci", workdir=tmp_path, timeout=600)
     errors = [
         o
         for c in nb.cells

@@ -3,10 +3,10 @@ built-in tenant mixes match the published facts they approximate."""
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from conftest import shared_file
+from simulator.run import compose_config
 from traces import (
     AssignClients,
     FilterLengths,
@@ -149,8 +149,7 @@ def test_servegen_like_pool_is_fixed_by_pool_seed_and_heavy_tailed():
 
 @pytest.mark.parametrize("name", ["arena_like", "servegen_like"])
 def test_builtin_mixes_are_workload_configs(name):
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=[f"workload={name}", "workload.duration=60"])
+    cfg = compose_config([f"workload={name}", "workload.duration=60"])
     trace = instantiate(cfg.workload, _convert_="all").build(0)
     assert len(trace) > 10
 
@@ -169,11 +168,8 @@ def test_builtin_mixes_are_workload_configs(name):
 )
 def test_etalon_suite_configs_with_the_recommended_filter(suite, data):
     shared_file(data)  # skips without ../shared/data
-    with initialize_config_module("conf", version_base="1.3"):
-        plain = compose("config", overrides=[f"experiment=etalon_{suite}"])
-        filtered = compose(
-            "config", overrides=[f"experiment=etalon_{suite}", "length_filter=etalon"]
-        )
+    plain = compose_config([f"experiment=etalon_{suite}"])
+    filtered = compose_config([f"experiment=etalon_{suite}", "length_filter=etalon"])
     assert plain.workload.filter is None and filtered.engine.batch_max_tokens == 16384
     trace = instantiate(filtered.workload, _convert_="all").build(0)
     assert trace.prompt_len.max() < 16384 and trace.output_len.max() < 1024

@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
 
 from conftest import shared_file
-from simulator.run import build_trace
+from simulator.run import build_trace, compose_config
 from traces import ArtifactSuite, TraceError, VTCRealTrace, load_vtc_real
 
 COUNTS = {  # the table in workloads.md §1: requests per client
@@ -23,8 +22,7 @@ COUNTS = {  # the table in workloads.md §1: requests per client
 
 
 def experiment_trace(name):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        return build_trace(compose(config_name="config", overrides=[f"experiment={name}"]))
+    return build_trace(compose_config([f"experiment={name}"]))
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))

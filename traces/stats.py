@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from traces.loaders import LOADERS, load, load_lengths, resolve_path
 from traces.schema import Trace, TraceError
@@ -87,9 +88,6 @@ def lengths_stats(prompt: np.ndarray, output: np.ndarray, source: str) -> dict[s
 
 
 def plot(trace: Trace | None, prompt: np.ndarray, output: np.ndarray, out: str | Path) -> None:
-
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(12, 3.5))
     axes = fig.subplots(1, 3 if trace is not None else 2)
     axes = list(np.atleast_1d(axes))
