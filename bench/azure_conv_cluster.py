@@ -24,8 +24,7 @@ import numpy as np
 
 from cost_models import VidurProfileCost
 from policies import FCFS
-from simulator.cluster import ClusterConfig, simulate_cluster
-from simulator.vllm import VLLMConfig
+from simulator.engines import ClusterConfig, VLLMConfig, simulate
 from traces.loaders import load_vidur
 
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared/data/azure2023/conv_vidur_format.csv"
@@ -38,7 +37,7 @@ def run(
     trace = load_vidur(path)
     cost = VidurProfileCost(model="llama-2-7b", gpu="a100-80gb")
     engine = VLLMConfig(fast_forward=fast_forward)  # pool: A100 memory less weights
-    timeline = simulate_cluster(trace, FCFS(), cost, engine, ClusterConfig(2, dispatcher))
+    timeline = simulate(trace, FCFS(), cost, engine, cluster=ClusterConfig(2, dispatcher))
     rows, index, times = timeline.token_times()
     wall = time.perf_counter() - t0
     h = hashlib.sha256()

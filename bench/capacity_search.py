@@ -20,9 +20,9 @@ import time
 
 import numpy as np
 
-from simulator.capacity import etalon_search
-from simulator.capacity_run import SimulatedService
-from simulator.run import compose_config
+from simulator.apps.capacity import etalon_search
+from simulator.apps.capacity_run import SimulatedService
+from simulator.apps.run import compose_config
 
 
 def main() -> None:

@@ -25,8 +25,7 @@ import numpy as np
 
 from cost_models import LinearStepCost
 from policies import FCFS
-from simulator.engine import SLoRAConfig
-from simulator.run import simulate
+from simulator.engines import SLoRAConfig, simulate
 from traces import ClientSpec, LogNormal, Poisson, SyntheticWorkload
 
 COST = LinearStepCost(  # conf/cost_model/a10g_llama7b.yaml

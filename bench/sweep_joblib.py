@@ -23,7 +23,7 @@ from pathlib import Path
 
 POLICIES = "fcfs,rpm,lcf,vtc,fairserve"
 LOADS = ",".join(f"{x / 10:g}" for x in range(2, 21, 2))  # 0.2 .. 2.0
-FAIRSIM = [sys.executable, "-c", "from simulator.cli import main; main()"]
+FAIRSIM = [sys.executable, "-c", "from simulator.apps.cli import main; main()"]
 QUIET = ["compare_with=null", "veeksha_metrics=false", "progress=false"]
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="fairsim-sweep-"))
     wall, jobs = run_sweep(root / "joblib", "hydra/launcher=joblib", "seed=0,1,2")
     start = time.perf_counter()
-    aggregate = [sys.executable, "-c", "from simulator.aggregate import main; main()"]
+    aggregate = [sys.executable, "-c", "from simulator.apps.aggregate import main; main()"]
     subprocess.run(
         [*aggregate, str(root / "joblib")],
         check=True,

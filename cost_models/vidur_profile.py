@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cost_models.roofline import RooflineCost
-from traces.loaders import read_table, resolve_path
+from traces.files import read_table, resolve_path
 
 LAYER_OPS = {  # operator -> times per layer
     "input_layernorm": 1,

@@ -61,9 +61,10 @@ plt.show()
 import pandas as pd
 from hydra.utils import instantiate
 
-from simulator.prefill_curve import fit_prefill_curve, profile_prefill
-from simulator.qoe import qoe_summary
-from simulator.run import compose_config, simulate_config
+from simulator.apps.prefill_profile import profile_prefill
+from simulator.apps.run import compose_config, simulate_config
+from simulator.metrics.prefill_curve import fit_prefill_curve
+from simulator.metrics.qoe import qoe_summary
 
 LOADS = {"ci": (0.5, 1.0, 1.5), "full": (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)}[SCALE]
 DURATION = {"ci": 60, "full": 600}[SCALE]
@@ -102,7 +103,7 @@ sweep.round(3)
 # D_d, so almost no load passes there (`fairsim-capacity` finds about 0.25 requests/s).
 
 # %%
-from simulator.capacity_run import capacity_search
+from simulator.apps.capacity_run import capacity_search
 
 PER_PROBE = {"ci": 300, "full": 2000}[SCALE]
 found = {}

@@ -30,8 +30,8 @@ SCALE = "full"
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from simulator import interactions
-from simulator.run import compose_config, simulate_config
+from simulator.apps.run import compose_config, simulate_config
+from simulator.metrics import interactions
 
 POLICIES = {
     "ci": ("fairserve", "rpm_interaction", "vtc"),

@@ -27,8 +27,8 @@ SCALE = "full"
 # %%
 import matplotlib.pyplot as plt
 
-from simulator import fairness, metrics
-from simulator.run import compose_config, simulate_config
+from simulator.apps.run import compose_config, simulate_config
+from simulator.metrics import fairness, latency
 
 DURATION = {"ci": 60, "full": 600}[SCALE]
 
@@ -71,10 +71,10 @@ plt.show()
 
 # %%
 for policy, (r, t, _) in runs.items():
-    summary = metrics.latency_summary(r, t)
+    summary = latency.latency_summary(r, t)
     print(
         policy,
-        f"throughput {metrics.token_throughput(r):.0f} tokens/s;",
+        f"throughput {latency.token_throughput(r):.0f} tokens/s;",
         "; ".join(
             f"{client}: TTFT mean {s['ttft']['mean']:.2f} s, E2E p90 {s['e2e']['p90']:.1f} s"
             for client, s in summary.items()

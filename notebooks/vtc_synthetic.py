@@ -30,8 +30,8 @@ SCALE = "full"
 import matplotlib.pyplot as plt
 import numpy as np
 
-from simulator import fairness
-from simulator.run import build_trace, compose_config, simulate_config
+from simulator.apps.run import build_trace, compose_config, simulate_config
+from simulator.metrics import fairness
 
 SUITES = {
     "vtc_overload": "Fig. 3",

@@ -33,9 +33,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 import simulator
-from simulator import fairness
-from simulator.paper_tables import ROWS, measure
-from simulator.run import compose_config, simulate_config
+from simulator.apps.run import compose_config, simulate_config
+from simulator.apps.vtc_tables import ROWS, measure
+from simulator.metrics import fairness
 
 # ../shared beside the project (or beside the working folder)
 candidates = [Path(simulator.__file__).resolve().parents[2], Path.cwd().parent]

@@ -1,12 +1,13 @@
-"""Scheduling policies: the `Policy` protocol the engines call, and one module per family."""
+"""Scheduling policies, one module per family, on the seam of simulator/core/seam.py."""
 
-from policies.base import BasePolicy, Policy
+from policies.base import BasePolicy
 from policies.drr import DRR
 from policies.fairserve import FairServe, RPMInteraction
 from policies.fcfs import FCFS
 from policies.priority import Priority
 from policies.rpm import RPM
 from policies.vtc import LCF, VTC
+from simulator.core.seam import Policy
 
 __all__ = [
     "DRR",

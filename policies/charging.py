@@ -1,9 +1,10 @@
 """Turning served tokens into per-client charges: the arithmetic VTC, LCF and DRR share.
 
-A request's prompt is charged h(n_p, 0) at admission; each output token after the first (the
-prefill step's token is free) is charged h(n_p, n_q) - h(n_p, n_q - 1). With a length prediction,
-admission charges h(n_p, predicted) instead and a token is charged only once the request has
-generated more than predicted. Every charge to client i is divided by its weight w_i.
+A request's prompt costs h(n_p, 0), charged as its tokens are computed (all at admission on an
+engine without chunked prefill); each output token after the first (the prefill step's token is
+free) is charged h(n_p, n_q) - h(n_p, n_q - 1). With a length prediction, admission also charges
+the predicted output, h(n_p, predicted) - h(n_p, 0), and a token is charged only once the request
+has generated more than predicted. Every charge to client i is divided by its weight w_i.
 
 Decode charges are returned per client and per step, summed request by request in running order,
 so a run of k steps reported at once gives bit-identical charges to k single steps.
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from policies.service import LinearService, ProfiledService
+from simulator.core.service import LinearService, ProfiledService
 from traces.schema import Trace
 
 
@@ -51,8 +52,8 @@ class TokenCharges:
         self.trace, self.h, self.weight = trace, service, weights
         self.prompt = trace.prompt_len.astype(np.float64)
         self.predicted = predicted  # per request; None = no prediction
-        self.generated = np.zeros(len(trace), dtype=np.int64)
-        self.prompt_done = np.zeros(len(trace))  # chunked engines: prompt tokens charged
+        self.generated = np.zeros(len(trace), dtype=np.int64)  # 0 until admitted
+        self.prompt_done = np.zeros(len(trace))  # prompt tokens charged
         # one price per output token, no prediction: a per-client count is all a step needs
         self.constant_token_price = (
             float(service.output_price)
@@ -60,25 +61,23 @@ class TokenCharges:
             else None
         )
 
-    def admit(self, req: int) -> float:
-        """The (weighted) charge at admission; the request has its first token after prefill."""
-        self.generated[req] = 1
-        q = 0.0 if self.predicted is None else float(self.predicted[req])
-        return float(self.h(self.prompt[req], q)) / self.weight[self.trace.client[req]]
+    def admitted(self, req: int) -> bool:
+        """Whether `req` was admitted before (a preempted request resumes without a charge)."""
+        return bool(self.generated[req])
 
-    def admit_chunked(self, req: int) -> float:
-        """Chunked engines: the charge at admission when the prompt is charged by chunks, i.e.
-        only a predicted output, h(n_p, predicted) - h(n_p, 0)."""
+    def admit(self, req: int) -> float:
+        """The (weighted) charge at a request's first admission: only a predicted output,
+        h(n_p, predicted) - h(n_p, 0). It has its first token after prefill."""
         self.generated[req] = 1
         if self.predicted is None:
             return 0.0
         p, q = self.prompt[req], float(self.predicted[req])
         return (float(self.h(p, q)) - float(self.h(p, 0.0))) / self.weight[self.trace.client[req]]
 
-    def prompt_chunk(self, req: int, tokens: int) -> float:
-        """Chunked engines: `tokens` more prompt tokens, h(done + tokens, 0) - h(done, 0) (the
-        first chunk pays h's constant), so whole prompts cost h(n_p, 0) however they are cut.
-        Recomputed tokens, when charged, continue the count (priced as prompt tokens)."""
+    def prompt_tokens(self, req: int, tokens: int) -> float:
+        """`tokens` more prompt tokens, h(done + tokens, 0) - h(done, 0) (the first chunk pays
+        h's constant), so whole prompts cost h(n_p, 0) however they are cut. Recomputed tokens,
+        when charged, continue the count (priced as prompt tokens)."""
         lo = float(self.prompt_done[req])
         hi = lo + tokens
         self.prompt_done[req] = hi

@@ -3,8 +3,9 @@
 Each client holds a credit C_i (starting at 0). Clients are visited round-robin in the order they
 first appeared; a visited client with C_i <= 0 is refilled by the quantum Q (clients with nothing
 waiting too, so an idle client ends up with credit in (0, Q]). A waiting client with C_i > 0 has
-its requests scheduled until its credit is used up: admission subtracts the prompt's cost and every
-decoded token its cost (the same charges as VTC, policies/charging.py), so C_i can go far below 0
+its requests scheduled until its credit is used up: the prompt's cost is subtracted as it is
+computed (at admission on the S-LoRA engine) and every decoded token's cost as it comes (the same
+charges as VTC, policies/charging.py), so C_i can go far below 0
 and the client then sits out rounds until refills bring it back. With Q -> 0 this becomes VTC.
 Rounds in which no waiting client could turn positive are skipped in bulk.
 """
@@ -19,14 +20,16 @@ import pandas as pd
 
 from policies.base import BasePolicy
 from policies.charging import TokenCharges, client_weights, sequential_sum
-from policies.counters import ADMIT, DECODE, REFILL, CounterLog
-from policies.service import make_service
-from simulator.queue import WaitingQueue
+from simulator.core.counters import DECODE, PROMPT, REFILL, CounterLog
+from simulator.core.queue import WaitingQueue
+from simulator.core.seam import Admission, Charge, OutputTokens, PromptTokens, Verdict
+from simulator.core.service import make_service
 from traces.schema import Trace
 
 
 class DRR(BasePolicy):
     name = "drr"
+    charged = frozenset({PromptTokens, OutputTokens})
 
     def __init__(
         self,
@@ -42,9 +45,7 @@ class DRR(BasePolicy):
         self.service = make_service(service, input_price, output_price)
         self.weights = dict(weights or {})
 
-    def bind(self, trace: Trace, chunked: bool = False) -> None:
-        if chunked:
-            raise ValueError("policy=drr runs on engine=slora only (it charges whole prompts)")
+    def bind(self, trace: Trace) -> None:
         super().bind(trace)
         weight = client_weights(trace, self.weights)
         self.charges = TokenCharges(trace, self.service, weight)
@@ -97,14 +98,21 @@ class DRR(BasePolicy):
         self.credit[c] += delta
         self.log.add(now, c, delta, float(self.credit[c]), REFILL)
 
-    def on_admit(self, req: int, now: float) -> None:
-        c = int(self.trace.client[req])
-        cost = self.charges.admit(req)
-        self.credit[c] -= cost
-        self.log.add(now, c, -cost, float(self.credit[c]), ADMIT)
+    def admit(self, req: int, now: float, fits: bool) -> Admission:
+        if not fits:
+            return Verdict.WAIT
+        if not self.charges.admitted(req):
+            self.charges.admit(req)  # no prediction: nothing to charge yet
+        return Verdict.ADMIT
 
-    def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
-        for c, incs in self.charges.decode(running, clients, step_ends.shape[0]):
-            values = sequential_sum(float(self.credit[c]), -incs)
-            self.credit[c] = values[-1]
-            self.log.add_many(step_ends, c, -incs, values, DECODE)
+    def charge(self, event: Charge) -> None:
+        if isinstance(event, PromptTokens):
+            c = int(self.trace.client[event.req])
+            cost = self.charges.prompt_tokens(event.req, event.tokens)
+            self.credit[c] -= cost
+            self.log.add(event.now, c, -cost, float(self.credit[c]), PROMPT)
+        elif isinstance(event, OutputTokens):
+            for c, incs in self.charges.decode(event.rows, event.clients, event.step_ends.shape[0]):
+                values = sequential_sum(float(self.credit[c]), -incs)
+                self.credit[c] = values[-1]
+                self.log.add_many(event.step_ends, c, -incs, values, DECODE)

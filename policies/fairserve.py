@@ -7,10 +7,11 @@ user is in one app). A call is the last of its interaction when call_index = num
 WSC: one counter per user with VTC's counter lift. Charge forms (`charge`):
 - "paper" (default): per app a and stage j (the call index), w_aj = alpha E[N_I] + beta E[N_S]
   + gamma E[N_O]; a call costs E_i (alpha L_I + beta L_S + gamma L_O) / w_aj, charged as it is
-  served: the prompt and the prefill's first token at admission, each later token at its step.
+  served: the prompt as it is computed (the system prompt first), the prefill's first token at
+  admission, each later token at its step.
 - "completion": the artifact's `expect` form, once at completion: E_i (L_I + L_S + 2 L_O) /
   (avg_I + avg_S + 2 avg_O) with per-app averages (no stage).
-- "incremental": the artifact's other form: E_i (L_I / P_I + L_S / P_S) at admission and
+- "incremental": the artifact's other form: E_i (L_I / P_I + L_S / P_S) for the prompt and
   E_i 2 / P_O per output token (the prefill's first one at admission), P_* the per-app averages.
 L_I is the prompt without its system part. Expectations are the trace's means per (app, stage)
 or per app, unless `app_stats` gives them ({app: {input, system, output}}, used for every stage).
@@ -33,10 +34,19 @@ import numpy as np
 
 from policies.base import BasePolicy
 from policies.charging import sequential_sum
-from policies.counters import ADMIT, COMPLETE, DECODE, PROMPT
 from policies.rpm import RPM
 from policies.vtc import LIFTS, LeastServed
-from simulator.queue import WaitingQueue
+from simulator.core.counters import ADMIT, COMPLETE, DECODE, PROMPT
+from simulator.core.queue import WaitingQueue
+from simulator.core.seam import (
+    ALL_CHARGES,
+    Admission,
+    Charge,
+    Drop,
+    OutputTokens,
+    PromptTokens,
+    Verdict,
+)
 from traces.schema import Trace
 
 CHARGES = ("paper", "completion", "incremental")
@@ -73,6 +83,7 @@ def token_parts(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 class FairServe(LeastServed):
     name = "fairserve"
+    charged = ALL_CHARGES
 
     def __init__(
         self,
@@ -108,7 +119,7 @@ class FairServe(LeastServed):
                 raise ValueError(f"policy.{key} must be an integer >= 1, got {v!r}")
         if not window > 0:
             raise ValueError(f"policy.window must be > 0 seconds, got {window!r}")
-        self.charge, self.lift, self.throttle = charge, lift, throttle
+        self.charge_form, self.lift, self.throttle = charge, lift, throttle
         self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
         self.priority = dict(priority or {})
         self.app_stats = {k: dict(v) for k, v in (app_stats or {}).items()}
@@ -116,7 +127,7 @@ class FairServe(LeastServed):
         self.interaction_preference = interaction_preference
         self.user_limit, self.app_limit, self.window = int(user_limit), int(app_limit), window
         self.name = self._variant()
-        self.victim = self._check_victim(victim)
+        self.victim_rule = self._check_victim(victim)
 
     def _variant(self) -> str:
         """The paper's name for this combination of switches (printouts, counters)."""
@@ -132,15 +143,16 @@ class FairServe(LeastServed):
         return "fairserve_custom"
 
     # ---- set-up -------------------------------------------------------------------------
-    def bind(self, trace: Trace, chunked: bool = False) -> None:
-        super().bind(trace, chunked)
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
         self.user = trace.client
         self.app = app_codes(trace)
         self.interaction, self.call, self.calls = interactions(trace)
         self.factor = self._priority_factors(trace)
-        self.admit_charge, self.token_charge, self.complete_charge = self._prices(trace)
+        self.token_charge, self.complete_charge = self._prices(trace)
         self.system_price, self.input_price = self._prompt_prices(trace)
-        self.prompt_done = np.zeros(len(trace), dtype=np.int64)  # chunked: tokens charged
+        self.prompt_done = np.zeros(len(trace), dtype=np.int64)  # prompt tokens charged
+        self.admitted = np.zeros(len(trace), dtype=bool)
         self.user_arrivals: list[list[float]] = [[] for _ in range(trace.num_clients)]
         self.app_arrivals: list[list[float]] = [[] for _ in range(int(self.app.max()) + 1)]
         self.throttled: set[int] = set()  # interactions with a throttled call
@@ -182,36 +194,32 @@ class FairServe(LeastServed):
             out[self.app == names.index(name)] = given
         return out
 
-    def _prices(self, trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per request: the charge at admission, per output token after the first, and at
-        completion (each already times E_i)."""
+    def _prices(self, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+        """Per request: the charge per output token (the first at admission, the others at
+        their steps) and at completion (each already times E_i)."""
         li, ls, lo = token_parts(trace)
         e = self.factor[self.user]
         zero = np.zeros(len(trace))
-        if self.charge == "paper":
+        if self.charge_form == "paper":
             exp = self._expected(trace, by_stage=True)
             w = self.alpha * exp[:, 0] + self.beta * exp[:, 1] + self.gamma * exp[:, 2]
-            return e * (self.alpha * li + self.beta * ls + self.gamma) / w, e * self.gamma / w, zero
+            return e * self.gamma / w, zero
         exp = self._expected(trace, by_stage=False)
-        if self.charge == "completion":
+        if self.charge_form == "completion":
             w = exp[:, 0] + exp[:, 1] + 2.0 * exp[:, 2]
-            return zero, zero, e * (li + ls + 2.0 * lo) / w
-        per_input = np.divide(li, exp[:, 0], out=zero.copy(), where=exp[:, 0] > 0)
-        per_system = np.divide(ls, exp[:, 1], out=zero.copy(), where=exp[:, 1] > 0)
-        token = e * 2.0 / exp[:, 2]
-        return e * (per_input + per_system) + token, token, zero
+            return zero, e * (li + ls + 2.0 * lo) / w
+        return e * 2.0 / exp[:, 2], zero
 
     def _prompt_prices(self, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-        """Chunked engines: per request, the price of one system-prompt token and of one
-        user-input token (the system prompt comes first), so that a whole prompt plus the first
-        token costs what `_prices` charges at admission."""
+        """Per request, the price of one system-prompt token and of one user-input token (the
+        system prompt comes first)."""
         e = self.factor[self.user]
         zero = np.zeros(len(trace))
-        if self.charge == "paper":
+        if self.charge_form == "paper":
             exp = self._expected(trace, by_stage=True)
             w = self.alpha * exp[:, 0] + self.beta * exp[:, 1] + self.gamma * exp[:, 2]
             return e * self.beta / w, e * self.alpha / w
-        if self.charge == "completion":
+        if self.charge_form == "completion":
             return zero, zero
         exp = self._expected(trace, by_stage=False)
         per_system = np.divide(e, exp[:, 1], out=zero.copy(), where=exp[:, 1] > 0)
@@ -263,18 +271,6 @@ class FairServe(LeastServed):
                 if calls and req in calls:
                     calls.remove(req)
 
-    def screen(self, req: int, now: float) -> str | None:
-        if self.drop_rest and int(self.interaction[req]) in self.throttled:
-            self._leaves(req)
-            return "interaction_throttled"
-        return None
-
-    def on_blocked(self, req: int, now: float, queue: WaitingQueue) -> str | None:
-        reason = self._limit_rule(req) if self.throttle == "overload" else None
-        if reason is not None:
-            self._leaves(req)
-        return reason
-
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
         """The least-served user's next call of a started interaction, if any waits (the
         interaction preference); else the least-served waiting user's earliest request."""
@@ -285,7 +281,24 @@ class FairServe(LeastServed):
         waiting = queue.waiting_clients()
         return queue.head(self.least_served(waiting)) if waiting else None
 
-    def on_admit(self, req: int, now: float) -> None:
+    def admit(self, req: int, now: float, fits: bool) -> Admission:
+        """A later call of a throttled interaction is dropped; a request that does not fit is
+        throttled if it breaks a limit (OIT), else waits."""
+        if self.drop_rest and int(self.interaction[req]) in self.throttled:
+            self._leaves(req)
+            return Drop("interaction_throttled")
+        if not fits:
+            reason = self._limit_rule(req) if self.throttle == "overload" else None
+            if reason is None:
+                return Verdict.WAIT
+            self._leaves(req)
+            return Drop(reason, stop=True)
+        if not self.admitted[req]:  # a preempted request resumes without a charge
+            self.admitted[req] = True
+            self._first_admission(req, now)
+        return Verdict.ADMIT
+
+    def _first_admission(self, req: int, now: float) -> None:
         u = int(self.user[req])
         self._leaves(req)
         if self.interaction_preference:
@@ -294,11 +307,19 @@ class FairServe(LeastServed):
                 self.started.add(key)
                 for call in self.pending.pop(key, []):
                     insort(self.ready.setdefault(u, []), call)
-        first = self.token_charge[req] if self.chunked else self.admit_charge[req]
-        if first:  # chunked: only the first output token here, the prompt by chunks
-            self._charge(u, float(first), now, ADMIT)
+        if self.token_charge[req]:  # the prefill's token; the prompt is charged as computed
+            self._charge(u, float(self.token_charge[req]), now, ADMIT)
 
-    def on_prompt(self, req: int, tokens: int, now: float) -> None:
+    def charge(self, event: Charge) -> None:
+        if isinstance(event, OutputTokens):
+            self._output_tokens(event.rows, event.clients, event.step_ends)
+        elif isinstance(event, PromptTokens):
+            self._prompt_tokens(event.req, event.tokens, event.now)
+        elif self.complete_charge[event.req]:
+            u = int(self.user[event.req])
+            self._charge(u, float(self.complete_charge[event.req]), event.now, COMPLETE)
+
+    def _prompt_tokens(self, req: int, tokens: int, now: float) -> None:
         done = int(self.prompt_done[req])
         self.prompt_done[req] = done + tokens
         system = 0 if self.trace.system_prompt_len is None else self.trace.system_prompt_len[req]
@@ -307,10 +328,10 @@ class FairServe(LeastServed):
         if price:
             self._charge(int(self.user[req]), float(price), now, PROMPT)
 
-    def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
-        if self.charge == "completion":
+    def _output_tokens(self, rows: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
+        if self.charge_form == "completion":
             return
-        prices = self.token_charge[running]
+        prices = self.token_charge[rows]
         for u in np.unique(clients).tolist():
             per_step = 0.0
             for price in prices[clients == u].tolist():  # running order: chunking never matters
@@ -319,11 +340,6 @@ class FairServe(LeastServed):
             values = sequential_sum(float(self.counter[u]), incs)
             self.counter[u] = values[-1]
             self.log.add_many(step_ends, u, incs, values, DECODE)
-
-    def on_finish(self, req: int, now: float) -> None:
-        u = int(self.user[req])
-        if self.complete_charge[req]:
-            self._charge(u, float(self.complete_charge[req]), now, COMPLETE)
 
 
 class RPMInteraction(BasePolicy):
@@ -336,8 +352,8 @@ class RPMInteraction(BasePolicy):
     def __init__(self, limit: int = 10, window: float = 60.0) -> None:
         self._rpm = RPM(limit, window)
 
-    def bind(self, trace: Trace, chunked: bool = False) -> None:
-        super().bind(trace, chunked)
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
         self._rpm.bind(trace)
         self.interaction, _, _ = interactions(trace)
         self.aborted: set[int] = set()

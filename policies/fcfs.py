@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from policies.base import BasePolicy
-from simulator.queue import WaitingQueue
+from simulator.core.queue import WaitingQueue
 
 
 class FCFS(BasePolicy):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from policies.base import BasePolicy
-from simulator.queue import WaitingQueue
+from simulator.core.queue import WaitingQueue
 from traces.schema import Trace
 
 
@@ -20,8 +20,8 @@ class Priority(BasePolicy):
             if int(p) != p:
                 raise ValueError(f"policy.priorities[{name}] must be an integer, got {p!r}")
 
-    def bind(self, trace: Trace, chunked: bool = False) -> None:
-        super().bind(trace, chunked)
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
         unknown = set(self.priorities) - set(trace.client_names)
         if unknown:
             raise ValueError(
@@ -39,5 +39,5 @@ class Priority(BasePolicy):
         heads = [queue.head(c) for c in queue.waiting_clients()]
         return min((h for h in heads if h is not None), key=self._key, default=None)
 
-    def preemption_victim(self, running: list[int]) -> int:
+    def victim(self, running: list[int]) -> int:
         return max(running, key=self._key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from policies.base import BasePolicy
-from simulator.queue import WaitingQueue
+from simulator.core.queue import WaitingQueue
 from traces.schema import Trace
 
 
@@ -24,8 +24,8 @@ class RPM(BasePolicy):
             raise ValueError(f"policy.window must be > 0 seconds, got {window!r}")
         self.limit, self.window = int(limit), float(window)
 
-    def bind(self, trace: Trace, chunked: bool = False) -> None:
-        super().bind(trace, chunked)
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
         self.accepted: list[deque[float]] = [deque() for _ in range(trace.num_clients)]
 
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:

@@ -1,9 +1,10 @@
-"""Virtual token counters: VTC and its variants, and LCF (spec: policies.md; VTC paper Alg. 2-4).
+"""Virtual token counters: VTC and its variants, and LCF (the VTC paper's Algorithms 2-4).
 
 One counter per client. Selection: the waiting client with the smallest counter (ties: the client
 that appeared first), its earliest request; batch forming stops at the first that does not fit.
-Charges (policies/charging.py): h(n_p, 0) at admission, then each output token after the first;
-each divided by the client's weight. h is linear (w_p = 1, w_q = 2) or the paper's profiled one.
+Charges (policies/charging.py): h(n_p, 0) for the prompt as it is computed (at admission on the
+S-LoRA engine), then each output token after the first; each divided by the client's weight.
+h is linear (w_p = 1, w_q = 2) or the paper's profiled one.
 Counter lift on an arrival whose client has nothing waiting:
 - "paper" (default): empty queue -> max(c_u, c_last_left); else max(c_u, min of waiting counters);
 - "artifact": only the min over other waiting clients, nothing when none waits;
@@ -23,9 +24,10 @@ import pandas as pd
 
 from policies.base import BasePolicy
 from policies.charging import TokenCharges, client_weights, sequential_sum
-from policies.counters import ADMIT, DECODE, FINISH_EXTRA, LIFT, PROMPT, REFUND, CounterLog
-from policies.service import make_service
-from simulator.queue import WaitingQueue
+from simulator.core.counters import ADMIT, DECODE, FINISH_EXTRA, LIFT, PROMPT, REFUND, CounterLog
+from simulator.core.queue import WaitingQueue
+from simulator.core.seam import ALL_CHARGES, Admission, Charge, OutputTokens, PromptTokens, Verdict
+from simulator.core.service import make_service
 from traces.schema import Trace
 
 LIFTS = ("paper", "artifact", "none")
@@ -54,10 +56,10 @@ class LeastServed(BasePolicy):
     charge; every change goes to the counter log."""
 
     lift = "paper"
-    victim = "fcfs"
+    victim_rule = "fcfs"
 
-    def bind(self, trace: Trace, chunked: bool = False) -> None:
-        super().bind(trace, chunked)
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
         self.counter = np.zeros(trace.num_clients)
         self.first_seen = np.full(trace.num_clients, NEVER)
         self._seen = 0
@@ -85,11 +87,11 @@ class LeastServed(BasePolicy):
     def least_served(self, clients: list[int]) -> int:
         return min(clients, key=lambda c: (self.counter[c], self.first_seen[c]))
 
-    def preemption_victim(self, running: list[int]) -> int:
+    def victim(self, running: list[int]) -> int:
         """ "fcfs": the most recently admitted request; "max_counter": the most recently
         admitted request of the running client with the largest counter (ties: the client that
         appeared last)."""
-        if self.victim == "fcfs":
+        if self.victim_rule == "fcfs":
             return running[-1]
         client = self.trace.client
         clients = {int(client[r]) for r in running}
@@ -105,6 +107,7 @@ class LeastServed(BasePolicy):
 
 class VTC(LeastServed):
     name = "vtc"
+    charged = ALL_CHARGES
 
     def __init__(
         self,
@@ -133,10 +136,10 @@ class VTC(LeastServed):
         self.predict_range, self.seed = float(predict_range), int(seed)
         self.weights = dict(weights or {})
         self.finish_extra_charge = finish_extra_charge
-        self.victim = self._check_victim(victim)
+        self.victim_rule = self._check_victim(victim)
 
-    def bind(self, trace: Trace, chunked: bool = False) -> None:
-        super().bind(trace, chunked)
+    def bind(self, trace: Trace) -> None:
+        super().bind(trace)
         self.weight = client_weights(trace, self.weights)
         predicted = None
         if self.prediction == "oracle":
@@ -163,29 +166,35 @@ class VTC(LeastServed):
         waiting = queue.waiting_clients()
         return queue.head(self.least_served(waiting)) if waiting else None
 
-    def on_admit(self, req: int, now: float) -> None:
-        c = int(self.trace.client[req])
-        if self.prediction == "moving_average":
-            self.charges.predicted[req] = self.mean_output[c]  # type: ignore[index]
-        if not self.chunked:
-            self._charge(c, self.charges.admit(req), now, ADMIT)
-            return
-        rest = self.charges.admit_chunked(req)
-        if rest:
-            self._charge(c, rest, now, ADMIT)
+    def admit(self, req: int, now: float, fits: bool) -> Admission:
+        if not fits:
+            return Verdict.WAIT
+        if not self.charges.admitted(req):  # a preempted request resumes without a charge
+            c = int(self.trace.client[req])
+            if self.prediction == "moving_average":
+                self.charges.predicted[req] = self.mean_output[c]  # type: ignore[index]
+            predicted = self.charges.admit(req)
+            if predicted:
+                self._charge(c, predicted, now, ADMIT)
+        return Verdict.ADMIT
 
-    def on_prompt(self, req: int, tokens: int, now: float) -> None:
-        c = int(self.trace.client[req])
-        self._charge(c, self.charges.prompt_chunk(req, tokens), now, PROMPT)
+    def charge(self, event: Charge) -> None:
+        if isinstance(event, OutputTokens):
+            self._output_tokens(event.rows, event.clients, event.step_ends)
+        elif isinstance(event, PromptTokens):
+            c = int(self.trace.client[event.req])
+            self._charge(c, self.charges.prompt_tokens(event.req, event.tokens), event.now, PROMPT)
+        else:
+            self._finished(event.req, event.now)
 
-    def on_decode(self, running: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
-        for c, incs in self.charges.decode(running, clients, step_ends.shape[0]):
+    def _output_tokens(self, rows: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
+        for c, incs in self.charges.decode(rows, clients, step_ends.shape[0]):
             values = sequential_sum(float(self.counter[c]), incs)
             self.counter[c] = values[-1]
             self.log.add_many(step_ends, c, incs, values, DECODE)
         self._last_step = (float(step_ends[-1]), clients)
 
-    def on_finish(self, req: int, now: float) -> None:
+    def _finished(self, req: int, now: float) -> None:
         c = int(self.trace.client[req])
         refund = self.charges.refund(req)
         if refund:

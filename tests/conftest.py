@@ -44,7 +44,7 @@ def check_accounting(tl):  # type: ignore[no-untyped-def]
     unless completed), completed ones emitted exactly their output, token times strictly
     increase within a request, start after its arrival, and the last is the finish time.
     Returns (rows, index, times) of the token table for further checks."""
-    from simulator.timeline import COMPLETED, STATUSES
+    from simulator.core.requests import COMPLETED, STATUSES
 
     t = tl.trace
     assert set(np.unique(tl.status)) <= set(range(len(STATUSES)))

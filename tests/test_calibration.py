@@ -17,9 +17,9 @@ from functools import cache
 import pytest
 
 from conftest import SHARED_DATA
-from simulator import metrics
-from simulator.paper_tables import ROWS, PaperRow, measure
-from simulator.run import compose_config, simulate_config
+from simulator.apps.run import compose_config, simulate_config
+from simulator.apps.vtc_tables import ROWS, PaperRow, measure
+from simulator.metrics import latency
 
 PAPER_FCFS_OVERLOAD_TOKENS_PER_S = 876  # Table 4
 NEAR_ZERO = {("4", "VTC(oracle)"), ("5", "VTC(oracle)")}
@@ -98,7 +98,7 @@ def test_overload_ordering_prediction_helps():
 @pytest.mark.parametrize("overrides", [[], ["experiment=vtc_overload"]])
 def test_fcfs_overload_throughput_within_10_percent_of_the_paper(overrides):
     tl = simulate_config(compose_config(["policy=fcfs", *overrides]))
-    tput = metrics.token_throughput(tl.requests_frame())
+    tput = latency.token_throughput(tl.requests_frame())
     assert tput == pytest.approx(PAPER_FCFS_OVERLOAD_TOKENS_PER_S, rel=0.10)
     # decode concurrency near the paper's 19-20 (10,000 / 512)
     decode = tl.steps["kind"] == 1

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from simulator.capacity import (
+from simulator.apps.capacity import (
     Condition,
     etalon_search,
     evalscope_search,
@@ -14,8 +14,8 @@ from simulator.capacity import (
     results_table,
     veeksha_search,
 )
-from simulator.capacity_run import SimulatedService, capacity_search, write_results
-from simulator.run import compose_config
+from simulator.apps.capacity_run import SimulatedService, capacity_search, write_results
+from simulator.apps.run import compose_config
 
 
 def below(threshold):

@@ -9,9 +9,8 @@ import pytest
 from cost_models import LinearStepCost
 from policies.fcfs import FCFS
 from policies.rpm import RPM
-from simulator.engine import SLoRAConfig
-from simulator.queue import WaitingQueue
-from simulator.run import simulate
+from simulator.core.queue import WaitingQueue
+from simulator.engines import SLoRAConfig, simulate
 from traces import ClientSpec, ClosedLoop, Poisson, SyntheticWorkload, Trace, UniformInt
 from traces.schema import TraceError
 

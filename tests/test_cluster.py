@@ -1,4 +1,4 @@
-"""Replicas behind dispatchers (simulator/cluster.py)."""
+"""Replicas behind dispatchers (simulator/engines/dispatch.py, simulator/engines/runner.py)."""
 
 import numpy as np
 import pytest
@@ -6,13 +6,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_vllm_engine import check_invariants
 
-from conftest import a10g_cost, random_trace
+from conftest import a10g_cost, check_accounting, random_trace
 from cost_models import ConstantStepCost
 from policies import FCFS, VTC
-from simulator.cluster import DISPATCHERS, ClusterConfig, simulate_cluster
-from simulator.run import simulate
-from simulator.timeline import COMPLETED
-from simulator.vllm import VLLMConfig
+from simulator.core.requests import COMPLETED, IN_FLIGHT
+from simulator.engines import DISPATCHERS, ClusterConfig, SLoRAConfig, VLLMConfig, simulate
 from traces import Trace
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
@@ -27,7 +25,7 @@ def trace(arrival, prompt, output, client=None):
 
 def test_round_robin_alternates():
     tr = trace(np.arange(9) * 0.01, [50] * 9, [20] * 9)
-    tl = simulate_cluster(tr, FCFS(), CONST, VLLMConfig(pool_tokens=10_000), ClusterConfig(3))
+    tl = simulate(tr, FCFS(), CONST, VLLMConfig(pool_tokens=10_000), ClusterConfig(3))
     assert tl.request_columns["replica"].tolist() == [0, 1, 2] * 3
     steps = tl.steps_frame()
     assert sorted(steps.replica.unique()) == [0, 1, 2]
@@ -39,19 +37,19 @@ def test_least_outstanding_balances_and_sends_work_to_the_idle_replica():
     # replica 1 (60 tokens left there against ~500). At 2 s the short ones are done.
     tr = trace([0.0, 0.5, 0.5, 2.0], [50, 50, 50, 50], [500, 10, 10, 10])
     cfg = VLLMConfig(pool_tokens=100_000)
-    reqs = simulate_cluster(tr, FCFS(), CONST, cfg, ClusterConfig(2, "least_requests"))
+    reqs = simulate(tr, FCFS(), CONST, cfg, ClusterConfig(2, "least_requests"))
     assert reqs.request_columns["replica"].tolist() == [0, 1, 0, 1]
-    toks = simulate_cluster(tr, FCFS(), CONST, cfg, ClusterConfig(2, "least_tokens"))
+    toks = simulate(tr, FCFS(), CONST, cfg, ClusterConfig(2, "least_tokens"))
     assert toks.request_columns["replica"].tolist() == [0, 1, 1, 1]
     # equal loads: ties go to the lowest index, then alternate
     tr2 = trace([0.0, 0.0, 0.0, 0.0], [50] * 4, [100] * 4)
-    even = simulate_cluster(tr2, FCFS(), CONST, cfg, ClusterConfig(2, "least_requests"))
+    even = simulate(tr2, FCFS(), CONST, cfg, ClusterConfig(2, "least_requests"))
     assert even.request_columns["replica"].tolist() == [0, 1, 0, 1]
 
 
 def test_client_affinity_keeps_each_client_on_one_replica():
     tr = random_trace(seed=1, n=60, clients=4, max_prompt=100, max_output=20, rate=10.0)
-    tl = simulate_cluster(
+    tl = simulate(
         tr, FCFS(), CONST, VLLMConfig(pool_tokens=50_000), ClusterConfig(2, "client_affinity")
     )
     rep = tl.request_columns["replica"]
@@ -64,13 +62,13 @@ def test_client_affinity_keeps_each_client_on_one_replica():
 @given(
     seed=st.integers(0, 1000),
     replicas=st.integers(1, 3),
-    dispatcher=st.sampled_from(DISPATCHERS),
+    dispatcher=st.sampled_from(tuple(DISPATCHERS)),
     pool=st.sampled_from([800, 50_000]),
 )
 def test_every_request_is_accounted_for_on_any_cluster(seed, replicas, dispatcher, pool):
     tr = random_trace(seed=seed, n=60, clients=3, max_prompt=200, max_output=60, rate=20.0)
     cfg = VLLMConfig(pool_tokens=pool, max_num_batched_tokens=256)
-    tl = simulate_cluster(tr, VTC(), a10g_cost(), cfg, ClusterConfig(replicas, dispatcher))
+    tl = simulate(tr, VTC(), a10g_cost(), cfg, ClusterConfig(replicas, dispatcher))
     check_invariants(tl, cfg)
     done = tl.status == COMPLETED
     assert (tl.request_columns["replica"][done] >= 0).all()
@@ -80,9 +78,9 @@ def test_every_request_is_accounted_for_on_any_cluster(seed, replicas, dispatche
 def test_one_coupled_replica_equals_the_standalone_engine():
     tr = random_trace(seed=7, n=120, clients=3, max_prompt=300, max_output=100, rate=15.0)
     cfg = VLLMConfig(pool_tokens=3000, max_num_batched_tokens=256)
-    alone = simulate_cluster(tr, VTC(), a10g_cost(), cfg)
+    alone = simulate(tr, VTC(), a10g_cost(), cfg)
     for dispatcher in ("least_requests", "central", "global_vtc"):
-        coupled = simulate_cluster(tr, VTC(), a10g_cost(), cfg, ClusterConfig(1, dispatcher))
+        coupled = simulate(tr, VTC(), a10g_cost(), cfg, ClusterConfig(1, dispatcher))
         assert alone.requests_frame().equals(coupled.requests_frame()), dispatcher
         assert np.array_equal(alone.token_times()[2], coupled.token_times()[2])
 
@@ -113,22 +111,26 @@ def service_gap(tl, a, b, until):
     return float(np.abs(served[a] - served[b]).max())
 
 
-def test_global_vtc_bounds_service_difference_across_replicas_and_fcfs_does_not():
-    # two clients backlogged for the whole run: "a" sends 3x as many requests as "b"
+def backlogged_pair():
+    """Two clients backlogged for the whole run: "a" sends 3x as many requests as "b"."""
     n_a, n_b = 600, 200
     arrival = np.concatenate([np.linspace(0, 20, n_a), np.linspace(0, 20, n_b)])
     client = ["a"] * n_a + ["b"] * n_b
     order = np.argsort(arrival, kind="stable")
-    tr = Trace.from_columns(
+    return Trace.from_columns(
         client=[client[i] for i in order],
         arrival=arrival[order],
         prompt_len=[64] * (n_a + n_b),
         output_len=[64] * (n_a + n_b),
     )
+
+
+def test_global_vtc_bounds_service_difference_across_replicas_and_fcfs_does_not():
+    tr = backlogged_pair()
     cfg = VLLMConfig(pool_tokens=4000, max_num_batched_tokens=512, max_num_seqs=16)
     cost = a10g_cost()
-    fair = simulate_cluster(tr, VTC(), cost, cfg, ClusterConfig(2, "global_vtc"))
-    fcfs = simulate_cluster(tr, FCFS(), cost, cfg, ClusterConfig(2, "round_robin"))
+    fair = simulate(tr, VTC(), cost, cfg, ClusterConfig(2, "global_vtc"))
+    fcfs = simulate(tr, FCFS(), cost, cfg, ClusterConfig(2, "round_robin"))
     until = 0.8 * min(fair.finished_at[tr.client == 1].max(), fcfs.finished_at.max())
     # U for a request of 64 + 64 tokens at w_p = 1, w_q = 2, times the two replicas' batches
     bound = 2 * 16 * (64 + 2 * 64)
@@ -139,14 +141,10 @@ def test_global_vtc_bounds_service_difference_across_replicas_and_fcfs_does_not(
     assert full > 4 * bound and full > 1.6 * half
 
 
-def test_slora_engine_refuses_replicas_and_global_vtc_needs_counters():
+def test_global_vtc_needs_a_counter_policy_and_configs_are_checked():
     tr = trace([0.0], [10], [2])
-    with pytest.raises(ValueError, match="engine=vllm"):
-        simulate(tr, FCFS(), CONST, None, cluster=ClusterConfig(2))
-    with pytest.raises(ValueError, match="global_vtc needs a counter policy"):
-        simulate_cluster(
-            tr, FCFS(), CONST, VLLMConfig(pool_tokens=100), ClusterConfig(2, "global_vtc")
-        )
+    with pytest.raises(ValueError, match="global_vtc needs a policy with per-client counters"):
+        simulate(tr, FCFS(), CONST, VLLMConfig(pool_tokens=100), ClusterConfig(2, "global_vtc"))
     with pytest.raises(ValueError, match="cluster.dispatcher must be one of"):
         ClusterConfig(2, "random")
     with pytest.raises(ValueError, match="cluster.replicas"):
@@ -163,8 +161,71 @@ def test_chained_calls_on_a_cluster_wait_for_their_predecessor():
         think_time=[0.0, 0.5, 0.5, 0.0],
     )
     cfg = VLLMConfig(pool_tokens=10_000)
-    tl = simulate_cluster(tr, FCFS(), CONST, cfg, ClusterConfig(2))
+    tl = simulate(tr, FCFS(), CONST, cfg, ClusterConfig(2))
     check_invariants(tl, cfg)
     rows = {int(c): i for i, c in enumerate(tr.call_index[:3])}
     assert tl.arrival[rows[1]] == pytest.approx(tl.finished_at[rows[0]] + 0.5)
     assert tl.arrival[rows[2]] == pytest.approx(tl.finished_at[rows[1]] + 0.5)
+
+
+# ---- S-LoRA replicas (the runner hosts either step model behind any dispatcher) ---------------
+
+
+def check_slora_cluster(tl, cfg, replicas):
+    """Accounting, token conservation and each replica's KV bound, for S-LoRA replicas."""
+    check_accounting(tl)
+    steps = tl.steps
+    assert set(np.unique(steps["replica"]).tolist()) <= set(range(replicas))
+    for rep in range(replicas):
+        mine = steps["replica"] == rep
+        assert (steps["kv_used"][mine] <= cfg.pool_tokens).all(), "a replica's pool holds"
+        assert (steps["start"][mine][1:] >= steps["end"][mine][:-1]).all(), "no overlap"
+    done = tl.status == COMPLETED
+    assert (tl.request_columns["replica"][done] >= 0).all()
+    assert (tl.request_columns["replica"] < replicas).all()
+    if cfg.horizon is None:
+        assert (tl.status != IN_FLIGHT).all()
+        assert tl.info["kv_used_at_end"] == 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 1000),
+    replicas=st.integers(1, 4),
+    dispatcher=st.sampled_from(tuple(DISPATCHERS)),
+    pool=st.sampled_from([800, 20_000]),
+    horizon=st.sampled_from([None, 2.0]),
+)
+def test_slora_replicas_account_for_every_request_on_any_dispatcher(
+    seed, replicas, dispatcher, pool, horizon
+):
+    tr = random_trace(seed=seed, n=80, clients=3, max_prompt=200, max_output=60, rate=25.0)
+    cfg = SLoRAConfig(pool_tokens=pool, horizon=horizon)
+    tl = simulate(tr, VTC(), a10g_cost(), cfg, ClusterConfig(replicas, dispatcher))
+    check_slora_cluster(tl, cfg, replicas)
+
+
+def test_one_coupled_slora_replica_equals_the_standalone_engine():
+    tr = random_trace(seed=7, n=120, clients=3, max_prompt=300, max_output=100, rate=15.0)
+    cfg = SLoRAConfig(pool_tokens=3000)
+    alone = simulate(tr, VTC(), a10g_cost(), cfg)
+    for dispatcher in ("least_requests", "central", "global_vtc"):
+        coupled = simulate(tr, VTC(), a10g_cost(), cfg, ClusterConfig(1, dispatcher))
+        assert alone.requests_frame().equals(coupled.requests_frame()), dispatcher
+        assert np.array_equal(alone.token_times()[2], coupled.token_times()[2])
+        assert alone.counters.equals(coupled.counters)
+
+
+def test_global_vtc_on_slora_replicas_bounds_the_service_difference_and_fcfs_does_not():
+    tr = backlogged_pair()
+    cfg, replicas = SLoRAConfig(pool_tokens=2000), 2
+    fair = simulate(tr, VTC(), a10g_cost(), cfg, ClusterConfig(replicas, "global_vtc"))
+    fcfs = simulate(tr, FCFS(), a10g_cost(), cfg, ClusterConfig(replicas, "round_robin"))
+    check_slora_cluster(fair, cfg, replicas)
+    until = 0.8 * min(fair.finished_at[tr.client == 1].max(), fcfs.finished_at.max())
+    # Theorem 4.4's 2U with U = max(w_p L_input, w_q M), the replicas' pools together as M
+    bound = 2 * max(64, 2 * replicas * cfg.pool_tokens)
+    assert service_gap(fair, "a", "b", until) < bound
+    assert service_gap(fair, "a", "b", until / 2) < bound
+    half, full = service_gap(fcfs, "a", "b", until / 2), service_gap(fcfs, "a", "b", until)
+    assert full > bound and full > 1.6 * half  # FCFS: past the bound and still growing

@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, shared_file
-from simulator.run import compose_config, run_config
+from simulator.apps.run import compose_config, run_config
 
 GROUPS = ("engine", "cost_model", "policy", "workload", "experiment")
 
@@ -60,7 +60,7 @@ def test_default_run_through_the_python_api(tmp_path):
 
 def fairsim(*args, cwd):
     return subprocess.run(
-        [sys.executable, "-c", "from simulator.cli import main; main()", *args],
+        [sys.executable, "-c", "from simulator.apps.cli import main; main()", *args],
         cwd=cwd,
         capture_output=True,
         text=True,

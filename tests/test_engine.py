@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 from conftest import a10g_cost, check_accounting, random_trace
 from cost_models import ConstantStepCost
 from policies import FCFS
-from simulator.engine import SLoRAConfig
-from simulator.fit import BatchFit, RunningFit, peak_kv_need
-from simulator.run import simulate
-from simulator.timeline import COMPLETED, IN_FLIGHT, PREFILL, REFUSED, STATUSES
+from simulator.core.requests import COMPLETED, IN_FLIGHT, REFUSED, STATUSES
+from simulator.core.timeline import PREFILL
+from simulator.engines import SLoRAConfig, simulate
+from simulator.engines.fit import BatchFit, RunningFit, peak_kv_need
 from traces import Trace
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)

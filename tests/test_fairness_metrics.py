@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from policies.service import ProfiledService
-from simulator.fairness import (
+from simulator.core.service import ProfiledService
+from simulator.metrics.fairness import (
     accumulated_difference,
     difference_stats,
     fairness_summary,

@@ -2,8 +2,8 @@
 
 The paper's U = max(w_p * L_input, w_q * M): L_input the longest prompt, M the most tokens a
 running batch can hold (the KV pool). Service W_i(t1, t2) is what the counters were charged in
-[t1, t2) for served tokens (admission and decode events of the counter log; lifts excluded), so
-weighted VTC compares W_i / w_i. A client is backlogged while it has a request waiting
+[t1, t2) for served tokens (prompt, admission and decode events of the counter log; lifts
+excluded), so weighted VTC compares W_i / w_i. A client is backlogged while it has a request waiting
 ([arrival, admission)).
 
 Lemma 4.3 as stated does not hold on the S-LoRA engine. Its proof (Appendix A, case 5, eq. 8)
@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from conftest import a10g_cost, random_trace
 from policies import FCFS, LCF, VTC
-from simulator.engine import SLoRAConfig
-from simulator.fairness import accumulated_difference, served_intervals
-from simulator.run import simulate
+from simulator.core.seam import ADMIT, Finished, OutputTokens
+from simulator.engines import SLoRAConfig, simulate
+from simulator.metrics.fairness import accumulated_difference, served_intervals
 from traces import ArtifactSuite, Trace
 
 W_P, W_Q = 1.0, 2.0
@@ -60,23 +60,23 @@ class CheckedVTC(VTC):
         self._check()
         return super().pick(queue, now)
 
-    def on_admit(self, req, now):
+    def admit(self, req, now, fits):
         self._check()
-        super().on_admit(req, now)
-        self.remaining[req] = int(self.trace.output_len[req]) - 1  # the first token is free
-        self.owed = max(self.owed, sum(self.remaining.values()))
+        verdict = super().admit(req, now, fits)
+        if verdict is ADMIT:
+            self.remaining[req] = int(self.trace.output_len[req]) - 1  # the first token is free
+            self.owed = max(self.owed, sum(self.remaining.values()))
+        return verdict
 
-    def on_decode(self, running, clients, step_ends):
+    def charge(self, event):
         self._check()
-        super().on_decode(running, clients, step_ends)
-        for req in running.tolist():
-            self.remaining[req] -= step_ends.shape[0]
-        self._check()
-
-    def on_finish(self, req, now):
-        self._check()
-        super().on_finish(req, now)
-        del self.remaining[req]
+        super().charge(event)
+        if isinstance(event, OutputTokens):
+            for req in event.rows.tolist():
+                self.remaining[req] -= event.step_ends.shape[0]
+            self._check()
+        elif isinstance(event, Finished):
+            del self.remaining[event.req]
 
 
 def bound_u(trace: Trace, pool: int, weights: np.ndarray) -> float:
@@ -116,7 +116,7 @@ def intersect(xs, ys):
 
 def service_events(policy) -> pd.DataFrame:
     ev = policy.counter_events()
-    return ev[ev["cause"].isin(["admit", "decode", "finish_extra", "refund"])]
+    return ev[ev["cause"].isin(["prompt", "admit", "decode", "finish_extra", "refund"])]
 
 
 def cumulative(ev: pd.DataFrame, name: str, times: np.ndarray) -> np.ndarray:

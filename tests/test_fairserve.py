@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from conftest import a10g_cost, shared_file
 from policies import FairServe, RPMInteraction
-from simulator import interactions
-from simulator.engine import SLoRAConfig
-from simulator.queue import WaitingQueue
-from simulator.run import simulate
+from simulator.core.queue import WaitingQueue
+from simulator.core.seam import ADMIT
+from simulator.engines import SLoRAConfig, simulate
+from simulator.metrics import interactions
 from traces import AbusiveUsers, AppSpec, Empirical, Fixed, LogNormal, MultiAppWorkload, Trace
 from traces.agentic import load_agentic_sessions
 
@@ -130,18 +130,18 @@ def test_interaction_preference_picks_the_least_served_user_mid_interaction():
         policy.on_arrival(req, 0.0, queue)
         queue.push(req)
     for req in (0, 1):
-        queue.remove(req)
-        policy.on_admit(req, 0.0)  # both interactions started; u1 was charged as much as u2
+        assert policy.admit(req, 0.0, fits=True) is ADMIT
+        queue.remove(req)  # both interactions started; u1 was charged as much as u2
     for req in (2, 3, 4):
         policy.on_arrival(req, 1.0, queue)
         queue.push(req)
     policy.counter[:] = [50.0, 30.0, 0.0]  # u3, least served overall, has no interaction going
     assert policy.pick(queue, 1.0) == 3  # u2: least served among u1, u2
+    assert policy.admit(3, 1.0, fits=True) is ADMIT
     queue.remove(3)
-    policy.on_admit(3, 1.0)
     assert policy.pick(queue, 1.0) == 2
+    assert policy.admit(2, 1.0, fits=True) is ADMIT
     queue.remove(2)
-    policy.on_admit(2, 1.0)
     assert policy.pick(queue, 1.0) == 4  # no call of a started interaction waits: global
 
 
@@ -208,7 +208,7 @@ def test_generator_rejects_bad_input():
 
 
 def test_summary_and_metrics_report_interactions(tmp_path):
-    from simulator.outputs import write_run
+    from simulator.report.run_folder import write_run
 
     tr = workload(4, users=10, abuse=4.0)
     out = write_run(run(tr, RPMInteraction(limit=3)), tmp_path)
@@ -246,7 +246,7 @@ def test_experiments_reproduce_the_papers_claims():
     and wastes nothing while RPM wastes prompt tokens. fairserve_sustained (two abusers flood a
     small workload for 60 s): benign users' interactions finish sooner than under VTC, still with
     no waste. fairserve_no_overload: FairServe throttles nothing while RPM still does."""
-    from simulator.fairserve_table import measure
+    from simulator.apps.fairserve_table import measure
 
     fs, rpm = (measure("fairserve_overload", p) for p in ("fairserve", "rpm_interaction"))
     assert fs["wasted_tokens"] == 0 < rpm["wasted_tokens"]
@@ -264,7 +264,7 @@ def test_artifact_shaped_workload_matches_the_trace_facts():
     configured users (about a tenth send nothing) in 23 apps over 71 s, the heaviest user ~2,100
     calls (1,778 of them in 60 s in the artifact), the median user a few calls per minute,
     prompt + output < 2,000 (1/8 scale), one app of 288-call interactions, most of one call."""
-    from simulator.run import build_trace, compose_config
+    from simulator.apps.run import build_trace, compose_config
 
     tr = build_trace(compose_config(["experiment=fairserve_overload"]))
     assert 9_000 <= len(tr) <= 11_000

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import fluidity as fl
+from simulator.metrics import fluidity as fl
 from simulator.metrics import fluidity_index
 
 # (itt, D_p, D_d) -> (float miss rate, missed, total), (exact missed, total)

@@ -11,8 +11,7 @@ import pytest
 from conftest import shared_file
 from cost_models import MODELS, RooflineCost, VidurProfileCost
 from policies import FCFS
-from simulator.engine import SLoRAConfig
-from simulator.run import simulate
+from simulator.engines import SLoRAConfig, simulate
 from traces import Trace
 
 MEASURED = json.loads((Path(__file__).parent / "data" / "h100_llama2_7b_timings.json").read_text())

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from cost_models import LinearStepCost
 from policies.fcfs import FCFS
-from simulator.engine import SLoRAConfig, unfit_requests
-from simulator.run import simulate
+from simulator.apps.run import unfit
+from simulator.engines import SLoRAConfig, simulate
 from traces import (
     LengthsWorkload,
     Poisson,
@@ -177,9 +177,9 @@ def test_unfit_requests_are_counted_before_the_run_as_the_engine_refuses_them():
         output_len=[10, 10, 10, 9900, 10],
     )
     cfg = SLoRAConfig(pool_tokens=10_000, batch_max_tokens=3072)
-    report = unfit_requests(t, cfg)
-    assert report == {"kv_pool_too_small": 2, "prompt_exceeds_batch_max_tokens": 2}
     cost = LinearStepCost(0.01, 0.0, 0.0, prefill_per_token=1e-4)
+    report = unfit(t, cfg, cost)
+    assert report == {"kv_pool_too_small": 2, "prompt_exceeds_batch_max_tokens": 2}
     r = simulate(t, FCFS(), cost, cfg).requests_frame()
     assert r[r.status == "refused"].reason.value_counts().to_dict() == report
 

@@ -7,10 +7,9 @@ import pytest
 from conftest import a10g_cost, random_trace
 from cost_models import ConstantStepCost
 from policies import FCFS
-from simulator import metrics
-from simulator.engine import SLoRAConfig
-from simulator.outputs import load_run, write_run
-from simulator.run import simulate
+from simulator.engines import SLoRAConfig, simulate
+from simulator.metrics import latency
+from simulator.report.run_folder import load_run, write_run
 from traces import Trace
 
 
@@ -67,7 +66,7 @@ def test_throughput_is_tokens_of_completed_over_last_finish():
     req = tl.requests_frame()
     done = req[req.status == "completed"]
     expected = (done.prompt_len + done.output_len).sum() / done.finished_at.max()
-    assert metrics.token_throughput(req) == pytest.approx(expected)
+    assert latency.token_throughput(req) == pytest.approx(expected)
 
 
 def veeksha_like_tables():
@@ -90,12 +89,12 @@ def veeksha_like_tables():
 
 def test_latency_reference_vector():
     requests, tokens = veeksha_like_tables()
-    lat = metrics.per_request_latency(requests, tokens).iloc[0]
+    lat = latency.per_request_latency(requests, tokens).iloc[0]
     assert lat.ttft == pytest.approx(0.5)
     assert lat.e2e == pytest.approx(2.0)
     assert lat.tpot == pytest.approx(0.15)
     assert lat.normalized_e2e == pytest.approx(2.0 / 11)
-    gaps = metrics.tbt_samples(tokens).tbt.to_numpy()
+    gaps = latency.tbt_samples(tokens).tbt.to_numpy()
     np.testing.assert_allclose(gaps, 0.15)
     assert gaps.shape[0] == 10
 
@@ -113,20 +112,20 @@ def test_one_token_requests_have_no_tpot():
         }
     )
     tokens = pd.DataFrame({"request_id": [1], "index": [0], "time": [1.2]})
-    lat = metrics.per_request_latency(requests, tokens).iloc[0]
+    lat = latency.per_request_latency(requests, tokens).iloc[0]
     assert np.isnan(lat.tpot) and lat.ttft == pytest.approx(0.2)
-    summary = metrics.latency_summary(requests, tokens)
+    summary = latency.latency_summary(requests, tokens)
     assert np.isnan(summary["all"]["tpot"]["mean"])
 
 
 def test_kv_utilisation_is_time_weighted():
     steps = pd.DataFrame({"start": [0.0, 1.0], "end": [1.0, 4.0], "kv_used": [100, 50]})
-    u = metrics.kv_utilisation(steps, 100)
+    u = latency.kv_utilisation(steps, 100)
     assert u == {"mean": pytest.approx((1.0 + 0.5 * 3) / 4), "peak": 1.0}
 
 
 def test_percentile_summary_uses_linear_interpolation():
-    p = metrics.percentiles(np.array([1.0, 2.0, 3.0, 4.0]))
+    p = latency.percentiles(np.array([1.0, 2.0, 3.0, 4.0]))
     assert p["p50"] == 2.5 and p["p90"] == pytest.approx(3.7) and p["mean"] == 2.5
 
 
@@ -138,6 +137,6 @@ def test_constant_cost_batch_closed_form():
     )
     tl = simulate(tr, FCFS(), ConstantStepCost(0.2, 0.05), SLoRAConfig())
     np.testing.assert_allclose(tl.finished_at, 0.2 + (out - 1) * 0.05)
-    assert metrics.token_throughput(tl.requests_frame()) == pytest.approx(
+    assert latency.token_throughput(tl.requests_frame()) == pytest.approx(
         n * (10 + out) / (0.2 + (out - 1) * 0.05)
     )

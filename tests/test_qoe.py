@@ -11,12 +11,13 @@ import pytest
 from conftest import a10g_cost
 from cost_models import LinearStepCost
 from policies import FCFS, VTC
-from simulator import metrics
-from simulator.prefill_curve import fit_prefill_curve, profile_prefill
-from simulator.qoe import QoEConfig, qoe_summary, request_values
-from simulator.run import simulate
-from simulator.slo import SLO, evaluate_slos, parse_slos
-from simulator.veeksha_outputs import write_veeksha_metrics
+from simulator.apps.prefill_profile import profile_prefill
+from simulator.engines import simulate
+from simulator.metrics import latency
+from simulator.metrics.prefill_curve import fit_prefill_curve
+from simulator.metrics.qoe import QoEConfig, qoe_summary, request_values
+from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
+from simulator.report.veeksha import write_veeksha_metrics
 from traces import ClientSpec, Fixed, Poisson, SyntheticWorkload, Uniform
 
 
@@ -47,8 +48,8 @@ def tables(itt_lists, prompts=None, arrivals=None):
 
 def test_veeksha_reference_vector_in_every_convention():
     req, tok = tables([[0.5] + [0.15] * 10])
-    for convention in metrics.CONVENTIONS:
-        lat = metrics.per_request_latency(req, tok, convention).iloc[0]
+    for convention in latency.CONVENTIONS:
+        lat = latency.per_request_latency(req, tok, convention).iloc[0]
         assert lat.ttft == pytest.approx(0.5)
         assert lat.e2e == pytest.approx(2.0)
         assert lat.tpot == pytest.approx(0.15)
@@ -58,45 +59,45 @@ def test_veeksha_reference_vector_in_every_convention():
 
 def test_tpot_conventions_differ_on_one_token_requests_and_etalon_averages_gaps():
     req, tok = tables([[0.3], [0.1, 0.2, 0.4]])
-    tpot = {c: metrics.per_request_latency(req, tok, c).tpot.tolist() for c in metrics.CONVENTIONS}
+    tpot = {c: latency.per_request_latency(req, tok, c).tpot.tolist() for c in latency.CONVENTIONS}
     assert math.isnan(tpot["vllm"][0])  # vLLM drops one-token requests
     assert tpot["veeksha"][0] == tpot["evalscope"][0] == tpot["etalon"][0] == 0.0
     assert tpot["vllm"][1] == pytest.approx(0.3)  # (t_n - t_1)/(n - 1) = 0.6 / 2
     assert tpot["etalon"][1] == pytest.approx(np.mean([0.2, 0.4]))
     with pytest.raises(ValueError, match="convention"):
-        metrics.per_request_latency(req, tok, "tgi")
+        latency.per_request_latency(req, tok, "tgi")
 
 
 def test_percentile_rules():
     v = np.array([0.011, 0.022, 0.033, 0.044, 0.055, 0.066, 0.077, 0.088, 0.099, 0.111])
-    assert metrics.percentile(v, 90) == pytest.approx(np.percentile(v, 90))
-    assert metrics.percentile(v, 90, "evalscope") == 0.11  # sorted[int(10 * 0.9)] = 0.111
-    assert metrics.percentile(v, 50, "evalscope") == 0.07  # sorted[5] = 0.066
-    assert metrics.percentile(v, 100, "evalscope") == 0.11
-    assert math.isnan(metrics.percentile(np.array([]), 50))
+    assert latency.percentile(v, 90) == pytest.approx(np.percentile(v, 90))
+    assert latency.percentile(v, 90, "evalscope") == 0.11  # sorted[int(10 * 0.9)] = 0.111
+    assert latency.percentile(v, 50, "evalscope") == 0.07  # sorted[5] = 0.066
+    assert latency.percentile(v, 100, "evalscope") == 0.11
+    assert math.isnan(latency.percentile(np.array([]), 50))
     with pytest.raises(ValueError, match="method"):
-        metrics.percentile(v, 50, "ddsketch")
+        latency.percentile(v, 50, "ddsketch")
 
 
 def test_andes_qoe_is_one_when_tokens_beat_the_reading_pace_and_falls_with_a_late_start():
     fast, _ = [0.5] + [0.1] * 9, None  # 10 tok/s > 5 tok/s reading speed, TTFT 0.5 < 1 s
     req, tok = tables([fast, [3.0] + [0.1] * 9])
-    qoe = metrics.andes_qoe(req, tok, expected_ttft=1.0, reading_speed=5.0)
+    qoe = latency.andes_qoe(req, tok, expected_ttft=1.0, reading_speed=5.0)
     assert qoe.iloc[0] == pytest.approx(1.0)
     # Second: first token 2 s late; the user then reads at 0.2 s/token, so every token is 2 s
     # behind the expected timeline: delay 10 * 2, whole = sum(3 + 0.2 i) for i = 0..9.
     whole = sum(3.0 + 0.2 * i for i in range(10))
     assert qoe.iloc[1] == pytest.approx(1 - 20.0 / whole)
     with pytest.raises(ValueError, match="reading_speed"):
-        metrics.andes_qoe(req, tok, reading_speed=0)
+        latency.andes_qoe(req, tok, reading_speed=0)
 
 
 def test_goodput_counts_requests_meeting_every_limit_inclusively():
     req, tok = tables([[0.5] + [0.125] * 4, [0.25], [1.5] + [0.125] * 4], arrivals=[0.0, 1.0, 2.0])
     duration = req.finished_at.max() - 0.0
-    assert metrics.goodput(req, tok, ttft=0.5) == pytest.approx(2 / duration)  # 0.5 inclusive
-    assert metrics.goodput(req, tok, tpot=0.125) == pytest.approx(3 / duration)  # one token: 0
-    assert metrics.goodput(req, tok, ttft=0.5, e2e=0.5) == pytest.approx(1 / duration)
+    assert latency.goodput(req, tok, ttft=0.5) == pytest.approx(2 / duration)  # 0.5 inclusive
+    assert latency.goodput(req, tok, tpot=0.125) == pytest.approx(3 / duration)  # one token: 0
+    assert latency.goodput(req, tok, ttft=0.5, e2e=0.5) == pytest.approx(1 / duration)
 
 
 def test_slo_parsing_names_the_entry_and_field():
@@ -227,7 +228,7 @@ def test_veeksha_files_and_health_checks(tmp_path):
 
 
 def test_prefill_stats_reference_vector():
-    from simulator.veeksha_outputs import prefill_stats
+    from simulator.report.veeksha import prefill_stats
 
     rows = [
         {"num_delta_prompt_tokens": p, "ttfc": t}

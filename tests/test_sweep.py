@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-FAIRSIM = [sys.executable, "-c", "from simulator.cli import main; main()"]
+FAIRSIM = [sys.executable, "-c", "from simulator.apps.cli import main; main()"]
 SMALL = ["workload.duration=8", "progress=false"]  # progress is left out of folder names
 
 
@@ -159,7 +159,7 @@ def test_ray_launcher_attaches_to_a_running_cluster(tmp_path):
 
 
 def test_aggregate_makes_one_tidy_row_per_job_and_client(tmp_path):
-    from simulator.aggregate import aggregate, load_column, main
+    from simulator.apps.aggregate import aggregate, load_column, main
 
     r = sweep(tmp_path, "policy=fcfs,vtc", "workload.rate_scale=0.5,1", "seed=0,1")
     assert r.returncode == 0, r.stderr
@@ -192,7 +192,7 @@ def test_aggregate_makes_one_tidy_row_per_job_and_client(tmp_path):
 
 
 def test_aggregate_names_an_empty_folder(tmp_path):
-    from simulator.aggregate import main
+    from simulator.apps.aggregate import main
 
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path)])
@@ -204,7 +204,7 @@ def test_fluidity_without_veeksha_files_matches_them(tmp_path):
     the tokens when a sweep switched those files off."""
     import shutil
 
-    from simulator.aggregate import request_fluidity
+    from simulator.apps.aggregate import request_fluidity
 
     assert sweep(tmp_path / "s", "policy=vtc").returncode == 0
     folder = next((tmp_path / "s").glob("**/seed=0"))

@@ -12,10 +12,10 @@ from cost_models import ConstantStepCost, RooflineCost
 from policies import FCFS, LCF, RPM, VTC
 from policies.base import BasePolicy
 from policies.fairserve import FairServe
-from simulator.cluster import simulate_cluster
-from simulator.kv_blocks import BlockPool, block_keys
-from simulator.timeline import COMPLETED, IN_FLIGHT
-from simulator.vllm import VLLMConfig
+from simulator.core.requests import COMPLETED, IN_FLIGHT
+from simulator.core.seam import PromptTokens
+from simulator.engines import VLLMConfig, simulate
+from simulator.engines.kv_blocks import BlockPool, block_keys
 from traces import Trace
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
@@ -71,10 +71,8 @@ policies = st.sampled_from([FCFS, VTC, lambda: VTC(victim="max_counter"), LCF])
 @given(workloads, engines, policies)
 def test_fast_forward_gives_the_timeline_of_stepping(tr, cfg, make_policy):
     cost = a10g_cost()
-    on = simulate_cluster(tr, make_policy(), cost, cfg)
-    off = simulate_cluster(
-        tr, make_policy(), cost, VLLMConfig(**{**vars(cfg), "fast_forward": False})
-    )
+    on = simulate(tr, make_policy(), cost, cfg)
+    off = simulate(tr, make_policy(), cost, VLLMConfig(**{**vars(cfg), "fast_forward": False}))
     check_invariants(on, cfg)
     assert on.requests_frame().equals(off.requests_frame())
     for a, b in zip(on.token_times(), off.token_times(), strict=True):
@@ -91,7 +89,7 @@ def test_huge_pool_no_preemption_and_hand_computed_ttfts():
     # starts at 0.51, a mixed step (0.1 prefill + 0.01 decode) ending at 0.62.
     tr = trace([0.0, 0.505], [300, 100], [40, 5])
     cfg = VLLMConfig(pool_tokens=1_000_000, max_num_batched_tokens=128)
-    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    tl = simulate(tr, FCFS(), CONST, cfg)
     check_invariants(tl, cfg)
     assert tl.request_columns["preemptions"].sum() == 0
     assert tl.first_token_at[0] == pytest.approx(0.3)
@@ -104,19 +102,20 @@ def test_huge_pool_no_preemption_and_hand_computed_ttfts():
 
 
 class Spy(BasePolicy):
-    """FCFS that records prompt charges and preemption victims."""
+    """FCFS that records prompt charges."""
 
     name = "spy"
+    charged = frozenset({PromptTokens})
 
-    def bind(self, trace, chunked=False):
-        super().bind(trace, chunked)
+    def bind(self, trace):
+        super().bind(trace)
         self.prompt_tokens = np.zeros(len(trace), dtype=np.int64)
 
     def pick(self, queue, now):
         return queue.oldest()
 
-    def on_prompt(self, req, tokens, now):
-        self.prompt_tokens[req] += tokens
+    def charge(self, event):
+        self.prompt_tokens[event.req] += event.tokens
 
 
 def test_recompute_restores_exactly_prompt_plus_generated_tokens():
@@ -126,7 +125,7 @@ def test_recompute_restores_exactly_prompt_plus_generated_tokens():
     tr = trace([0.0, 0.0], [8, 8], [30, 30])
     cfg = VLLMConfig(pool_tokens=48, block_size=16, charge_recompute=True, prefix_caching=False)
     spy = Spy()
-    tl = simulate_cluster(tr, spy, CONST, cfg)
+    tl = simulate(tr, spy, CONST, cfg)
     check_invariants(tl, cfg)
     assert tl.request_columns["preemptions"].tolist() == [0, 1], "FCFS: the tail of running"
     steps = tl.steps_frame()
@@ -136,7 +135,7 @@ def test_recompute_restores_exactly_prompt_plus_generated_tokens():
     # token's KV was never computed, so it is new work, not recomputation)
     assert spy.prompt_tokens.tolist() == [8, 8 + 16]
     uncharged = Spy()
-    simulate_cluster(tr, uncharged, CONST, VLLMConfig(**{**vars(cfg), "charge_recompute": False}))
+    simulate(tr, uncharged, CONST, VLLMConfig(**{**vars(cfg), "charge_recompute": False}))
     assert uncharged.prompt_tokens.tolist() == [8, 8]
     rows, _, times = tl.token_times()
     gaps = np.diff(times[rows == 1])
@@ -151,7 +150,7 @@ def test_recompute_restores_exactly_prompt_plus_generated_tokens():
 def test_the_victim_goes_back_to_the_head_of_the_queue():
     tr = trace([0.0, 0.0, 0.001], [8, 8, 8], [30, 30, 5])
     cfg = VLLMConfig(pool_tokens=48, block_size=16, prefix_caching=False)
-    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    tl = simulate(tr, FCFS(), CONST, cfg)
     check_invariants(tl, cfg)
     assert tl.request_columns["preemptions"].tolist() == [0, 1, 0]
     rows, _, times = tl.token_times()
@@ -164,12 +163,12 @@ def test_the_victim_goes_back_to_the_head_of_the_queue():
 def test_max_counter_victim_is_the_most_served_clients_latest_request():
     v = VTC(victim="max_counter")
     tr = trace([0, 0, 0], [10, 10, 10], [5, 5, 5], client=["a", "b", "a"])
-    v.bind(tr, chunked=True)
+    v.bind(tr)
     v.counter[:] = [1.0, 7.0]
-    assert v.preemption_victim([0, 1, 2]) == 1
+    assert v.victim([0, 1, 2]) == 1
     v.counter[:] = [9.0, 7.0]
-    assert v.preemption_victim([0, 1, 2]) == 2
-    assert VTC().preemption_victim([2, 0, 1]) == 1
+    assert v.victim([0, 1, 2]) == 2
+    assert VTC().victim([2, 0, 1]) == 1
     with pytest.raises(ValueError, match="victim"):
         VTC(victim="random")
 
@@ -180,15 +179,15 @@ def test_identical_prompts_hit_all_but_the_last_token():
     hashes = [np.arange(9, dtype=np.int64)] * n  # same content: the same block ids
     tr = trace(np.arange(n) * 1.0, [p] * n, [4] * n, hashes=hashes, hash_block=16)
     cfg = VLLMConfig(pool_tokens=10_000)
-    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    tl = simulate(tr, FCFS(), CONST, cfg)
     check_invariants(tl, cfg)
     assert tl.request_columns["cached_tokens"].tolist() == [0] + [p - 1] * (n - 1)
-    off = simulate_cluster(tr, FCFS(), CONST, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
+    off = simulate(tr, FCFS(), CONST, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
     assert off.request_columns["cached_tokens"].sum() == 0
     # a hit saves prefill work: a later request's TTFT is a 1-token step, not a whole prompt
     cost = a10g_cost()
-    hit = simulate_cluster(tr, FCFS(), cost, cfg)
-    miss = simulate_cluster(tr, FCFS(), cost, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
+    hit = simulate(tr, FCFS(), cost, cfg)
+    miss = simulate(tr, FCFS(), cost, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
     assert (hit.first_token_at - tr.arrival)[1] < (miss.first_token_at - tr.arrival)[1]
 
 
@@ -197,11 +196,11 @@ def test_prefix_hits_are_free_for_vtc_and_reported_per_client():
     hashes = [np.arange(5, dtype=np.int64)] * n
     tr = trace(np.arange(n) * 1.0, [p] * n, [3] * n, client=["a", "b", "a", "b"], hashes=hashes)
     v = VTC(lift="none")
-    tl = simulate_cluster(tr, v, CONST, VLLMConfig(pool_tokens=10_000))
+    tl = simulate(tr, v, CONST, VLLMConfig(pool_tokens=10_000))
     # a: 65 computed + 1 (the hit leaves one token), outputs 2 charged tokens each at w_q = 2
     assert v.counter[tr.client_of("a")] == (p + 1) + 2 * 2 * 2
     assert v.counter[tr.client_of("b")] == (1 + 1) + 2 * 2 * 2
-    from simulator.replica_metrics import engine_counts
+    from simulator.metrics.replicas import engine_counts
 
     counts = engine_counts(tl.requests_frame())
     assert counts["per_client"]["b"]["prefix_hit_rate"] == pytest.approx((2 * (p - 1)) / (2 * p))
@@ -209,15 +208,19 @@ def test_prefix_hits_are_free_for_vtc_and_reported_per_client():
 
 def test_lru_eviction_frees_the_oldest_unreferenced_blocks_first():
     pool = BlockPool(num_blocks=4, block_size=2, caching=True)
-    assert pool.admit(0, [10, 11], 0, 4, reserve=0)
+    assert pool.fits([10, 11], 0, 4, reserve=0)
+    pool.admit(0, [10, 11], 0, 4, reserve=0)
     pool.register(0, [10, 11], 4)
     pool.release(0)  # both cached, unreferenced; free again
     assert pool.free == 4 and pool.cached_prefix([10, 11], 5) == 2
-    assert pool.admit(1, [20, 21, 22], 0, 6, reserve=0)  # needs 3: evicts one cached block
+    assert pool.fits([20, 21, 22], 0, 6, reserve=0)  # needs 3: evicts one cached block
+    pool.admit(1, [20, 21, 22], 0, 6, reserve=0)
     pool.check()
     # the tail block (11) went first, so the shared prefix (10) survives
     assert pool.cached_prefix([10, 11], 5) == 1
-    assert not pool.admit(2, [], 0, 4, reserve=0)  # 1 free: a 2-block request must wait
+    assert not pool.fits([], 0, 4, reserve=0)  # 1 free: a 2-block request must wait
+    with pytest.raises(RuntimeError, match="without room"):
+        pool.admit(2, [], 0, 4, reserve=0)
     pool.check()
 
 
@@ -232,7 +235,7 @@ def test_block_keys_follow_the_trace_hash_granularity():
 def test_refuses_requests_that_can_never_finish():
     tr = trace([0.0, 0.0], [100, 10], [100, 10])
     cfg = VLLMConfig(pool_tokens=160, block_size=16)
-    tl = simulate_cluster(tr, FCFS(), CONST, cfg)
+    tl = simulate(tr, FCFS(), CONST, cfg)
     assert tl.reason[0] == "kv_pool_too_small"
     assert tl.status[1] == COMPLETED
 
@@ -240,7 +243,7 @@ def test_refuses_requests_that_can_never_finish():
 def test_engine_does_not_use_output_lengths_to_admit():
     # Both fit at admission though their final KV does not: vLLM admits and later preempts.
     tr = trace([0.0, 0.0], [16, 16], [40, 40])
-    tl = simulate_cluster(tr, FCFS(), CONST, VLLMConfig(pool_tokens=80, block_size=16))
+    tl = simulate(tr, FCFS(), CONST, VLLMConfig(pool_tokens=80, block_size=16))
     assert tl.admitted_at[1] == 0.0
     assert tl.request_columns["preemptions"].sum() >= 1
 
@@ -264,7 +267,7 @@ def test_fair_policies_run_on_the_vllm_engine(make):
         output_len=tr.output_len,
     )
     cfg = VLLMConfig(pool_tokens=3000, max_num_batched_tokens=256)
-    tl = simulate_cluster(tr, make(), RooflineCost(), cfg)
+    tl = simulate(tr, make(), RooflineCost(), cfg)
     check_invariants(tl, cfg)
 
 
@@ -272,7 +275,7 @@ def test_vtc_counters_charge_computed_prompt_tokens_and_outputs():
     tr = random_trace(seed=5, n=60, clients=2, max_prompt=300, max_output=40, rate=30.0)
     v = VTC(lift="none")
     cfg = VLLMConfig(pool_tokens=1200, max_num_batched_tokens=128, prefix_caching=False)
-    tl = simulate_cluster(tr, v, a10g_cost(), cfg)
+    tl = simulate(tr, v, a10g_cost(), cfg)
     r = tl.requests_frame()
     assert r.preemptions.sum() > 0  # recompute happened, and was not charged
     admitted = r.admitted_at.notna().to_numpy()
@@ -283,11 +286,25 @@ def test_vtc_counters_charge_computed_prompt_tokens_and_outputs():
         assert v.counter[c] == pytest.approx(expected)
 
 
-def test_drr_says_it_runs_on_slora_only():
+def test_drr_charges_prompt_chunks_on_the_vllm_engine():
+    """DRR takes prompts chunk by chunk like VTC: its credit log adds up to each client's
+    prompt tokens plus 2 per output token after the first, less the quantum refills."""
     from policies import DRR
 
-    with pytest.raises(ValueError, match="engine=slora"):
-        simulate_cluster(trace([0.0], [10], [2]), DRR(), CONST, VLLMConfig(pool_tokens=1000))
+    tr = random_trace(seed=4, n=80, clients=2, max_prompt=300, max_output=40, rate=30.0)
+    drr = DRR(quantum=200.0)
+    cfg = VLLMConfig(pool_tokens=100_000, max_num_batched_tokens=128, prefix_caching=False)
+    tl = simulate(tr, drr, a10g_cost(), cfg)
+    check_invariants(tl, cfg)
+    events = drr.counter_events()
+    assert {"prompt", "decode", "refill"} <= set(events["cause"].astype(str))
+    for c, name in enumerate(tr.client_names):
+        mine = events[events.client == name]
+        spent = -mine[mine.cause.astype(str) != "refill"].delta.sum()
+        served = tr.client == c
+        expected = tr.prompt_len[served].sum() + 2 * (tl.generated[served] - 1).sum()
+        assert spent == pytest.approx(expected)
+        assert mine.value.iloc[-1] == pytest.approx(drr.credit[c])
 
 
 def test_config_errors_name_the_field():
@@ -296,7 +313,7 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="engine.watermark"):
         VLLMConfig(watermark=1.5)
     with pytest.raises(ValueError, match="engine.pool_tokens is null"):
-        simulate_cluster(trace([0.0], [10], [2]), FCFS(), CONST, VLLMConfig())
+        simulate(trace([0.0], [10], [2]), FCFS(), CONST, VLLMConfig())
 
 
 def test_agentic_sessions_reuse_their_growing_context():
@@ -308,9 +325,9 @@ def test_agentic_sessions_reuse_their_growing_context():
     assert tr.hash_block_tokens == 64
     assert all(len(h) == p // 64 for h, p in zip(tr.block_hashes, tr.prompt_len, strict=True))
     cfg = VLLMConfig(pool_tokens=2_000_000, max_num_batched_tokens=8192)
-    tl = simulate_cluster(tr, FCFS(), RooflineCost(gpu="h100"), cfg)
+    tl = simulate(tr, FCFS(), RooflineCost(gpu="h100"), cfg)
     check_invariants(tl, cfg)
-    from simulator.replica_metrics import engine_counts
+    from simulator.metrics.replicas import engine_counts
 
     # about 96% of an agent's blocks repeat its previous call's
     assert engine_counts(tl.requests_frame())["prefix_hit_rate"] > 0.8
@@ -322,11 +339,11 @@ def test_priority_admits_the_most_urgent_client_and_preempts_the_least():
     # a (priority 0) arrives first; b (priority -1) later, while a waits for room
     tr = trace([0.0, 0.0, 0.01], [8, 8, 8], [30, 30, 30], client=["a", "a", "b"])
     pol = Priority({"b": -1})
-    tl = simulate_cluster(tr, pol, CONST, VLLMConfig(pool_tokens=48, prefix_caching=False))
+    tl = simulate(tr, pol, CONST, VLLMConfig(pool_tokens=48, prefix_caching=False))
     pre = tl.request_columns["preemptions"]
     assert pre[2] == 0, "the urgent client's request is never the victim"
     assert pre[:2].sum() >= 1
     # the largest (priority, arrival): the later of a's two requests
-    assert pol.preemption_victim([0, 1, 2]) == 1
+    assert pol.victim([0, 1, 2]) == 1
     with pytest.raises(ValueError, match="unknown client"):
         Priority({"zz": 1}).bind(tr)

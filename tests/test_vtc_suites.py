@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_file
-from simulator.run import build_trace, compose_config
+from simulator.apps.run import build_trace, compose_config
 from traces import ArtifactSuite, TraceError, VTCRealTrace, load_vtc_real
 
 COUNTS = {  # the table in workloads.md §1: requests per client

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.loaders import numbers, read_table, require, resolve_path
+from traces.files import numbers, read_table, require, resolve_path
 from traces.schema import Trace
 
 COLUMNS = [

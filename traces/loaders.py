@@ -1,8 +1,8 @@
 """Readers for real trace files: every format becomes one validated `Trace`.
 
-Formats (workloads.md section 2): the Azure LLM inference 2023 CSVs, Vidur's trace CSV, the VTC
-real trace, Mooncake-style JSONL, Etalon's length-only CSVs, and any CSV / Parquet / JSONL table
-with a column mapping. Files are read as UTF-8 text or Parquet, never unpickled. Every error is a
+Formats: the Azure LLM inference 2023 CSVs, Vidur's trace CSV, the VTC real trace, Mooncake-style
+JSONL, Etalon's length-only CSVs, the agentic coding sessions, and any CSV / Parquet / JSONL table
+with a column mapping (files are read by traces/files.py). Every error is a
 `TraceError` naming the file, the row (0-based data row, header excluded) and the field, and
 saying what is accepted. Timestamps must increase strictly unless `sort=True` (sort them) or
 `duplicates=True` (equal timestamps allowed).
@@ -10,8 +10,6 @@ saying what is accepted. Timestamps must increase strictly unless `sort=True` (s
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,113 +17,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from traces.agentic import load_agentic_sessions
+from traces.files import numbers, read_table, require
 from traces.schema import Trace, TraceError, int_column
 
-TABLE_FORMATS = ("csv", "parquet", "jsonl")
-SUFFIX_FORMAT = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl"}
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def resolve_path(path: str | Path, what: str = "trace file") -> Path:
-    """A relative path is looked up from the working directory, then from the project root, so
-    defaults such as ../shared/data/... work from a checkout with `shared` beside it."""
-    p = Path(path)
-    candidates = [p] if p.is_absolute() else [p, PROJECT_ROOT / p]
-    for c in candidates:
-        if c.exists():
-            return c
-    looked = ", ".join(str(c) for c in candidates)
-    raise TraceError(f"{path}: {what} not found (looked in {looked})")
-
-
-def read_table(path: str | Path, fmt: str | None = None) -> pd.DataFrame:
-    """Read a CSV (UTF-8, header row), Parquet or JSONL (one JSON object per line) file."""
-    p = resolve_path(path)
-    if not p.is_file():
-        raise TraceError(f"{p}: not a file; accepted: a {'/'.join(TABLE_FORMATS)} file")
-    fmt = fmt or SUFFIX_FORMAT.get(p.suffix.lower())
-    if fmt not in TABLE_FORMATS:
-        raise TraceError(
-            f"{p}: format {fmt or p.suffix!r} unknown; accepted: {TABLE_FORMATS} "
-            f"(from the suffix {tuple(SUFFIX_FORMAT)} or given explicitly)"
-        )
-    if fmt == "parquet":
-        try:
-            frame = pd.read_parquet(p)
-        except Exception as err:  # pyarrow raises several types for corrupt files
-            raise TraceError(
-                f"{p}: not a readable Parquet file ({err}); accepted: Parquet"
-            ) from None
-    else:
-        text = _utf8(p)
-        frame = _read_csv(p, text) if fmt == "csv" else _read_jsonl(p, text)
-    if len(frame) == 0:
-        raise TraceError(f"{p}: the file has no data rows; accepted: at least one row")
-    return frame
-
-
-def _utf8(p: Path) -> str:
-    raw = p.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n")
-        raise TraceError(
-            f"{p}: line {line + 1} is not UTF-8 (byte {err.start}); accepted: UTF-8 text"
-        ) from None
-
-
-def _read_csv(p: Path, text: str) -> pd.DataFrame:
-    if not text.strip():
-        raise TraceError(f"{p}: the file is empty; accepted: a header row and data rows")
-    try:
-        return pd.read_csv(io.StringIO(text))
-    except pd.errors.ParserError as err:
-        raise TraceError(f"{p}: malformed CSV ({err}); accepted: comma-separated rows") from None
-
-
-def _read_jsonl(p: Path, text: str) -> pd.DataFrame:
-    rows = []
-    for line_no, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise TraceError(
-                f"{p}: line {line_no + 1} is not JSON ({err.msg}); accepted: one JSON object "
-                "per line"
-            ) from None
-        if not isinstance(row, dict):
-            raise TraceError(
-                f"{p}: line {line_no + 1} holds {type(row).__name__}; accepted: a JSON object"
-            )
-        rows.append(row)
-    if not rows:
-        raise TraceError(f"{p}: the file is empty; accepted: one JSON object per line")
-    return pd.DataFrame.from_records(rows)
-
-
-def require(frame: pd.DataFrame, columns: list[str], source: str) -> None:
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise TraceError(
-            f"{source}: field {missing[0]!r}: missing column; accepted: columns {columns} "
-            f"(the file has {list(frame.columns)})"
-        )
-
-
-def numbers(frame: pd.DataFrame, column: str, source: str) -> np.ndarray:
-    """A numeric column as float64; the first non-numeric, missing or infinite cell is an error."""
-    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row = int(np.argmax(bad))
-        cell = frame[column].iloc[row]
-        cell = cell.item() if isinstance(cell, np.generic) else cell
-        raise TraceError(f"{source}: row {row}, field {column!r}: got {cell!r}; accepted: a number")
-    return values
 
 
 def check_times(times: np.ndarray, source: str, field: str, sort: bool, duplicates: bool) -> None:
@@ -310,8 +206,6 @@ def load_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _agentic(path: str | Path, **options: Any) -> Trace:
-    from traces.agentic import load_agentic_sessions  # it builds on this module
-
     return load_agentic_sessions(path, **options)
 
 

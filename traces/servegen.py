@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.loaders import resolve_path
+from traces.files import resolve_path
 from traces.schema import Trace, TraceError
 
 CHUNK = re.compile(r"chunk-(\d+)-(trace\.csv|dataset\.json)$")

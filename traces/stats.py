@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from traces.loaders import LOADERS, load, load_lengths, resolve_path
+from traces.files import resolve_path
+from traces.loaders import LOADERS, load, load_lengths
 from traces.schema import Trace, TraceError
 from traces.servegen import ServeGenPool
 

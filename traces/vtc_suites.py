@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.loaders import load_vtc_real, resolve_path
+from traces.files import resolve_path
+from traces.loaders import load_vtc_real
 from traces.schema import Trace, TraceError
 
 MODES = (

@@ -15,6 +15,7 @@ The pool never hands out more than it has; `check` verifies the counts.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import accumulate
 
 import numpy as np
 
@@ -78,17 +79,21 @@ class BlockPool:
         self.owned[req] = list(keys)
 
     # ---- allocation ---------------------------------------------------------------------
-    def admit(self, req: int, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> bool:
-        """Give a waiting request its first `tokens` tokens' blocks, the first `hit_blocks` from
-        the cache, keeping at least `reserve` blocks free; False (nothing changes) if short."""
+    def fits(self, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> bool:
+        """Whether `admit` would succeed (it changes nothing)."""
         new = self.blocks_for(tokens) - hit_blocks
         reused_free = sum(1 for key in keys[:hit_blocks] if self.refs[key] == 0)
-        if new > self.free - reused_free - reserve:
-            return False
+        return new <= self.free - reused_free - reserve
+
+    def admit(self, req: int, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> None:
+        """Give a waiting request its first `tokens` tokens' blocks, the first `hit_blocks` from
+        the cache, keeping at least `reserve` blocks free (the caller checked `fits`)."""
+        if not self.fits(keys, hit_blocks, tokens, reserve):
+            raise RuntimeError(f"KV blocks: request {req} admitted without room (please report)")
+        new = self.blocks_for(tokens) - hit_blocks
         self._reference(req, keys[:hit_blocks])
-        self.take(new)
+        self._take(new)
         self.held[req] = hit_blocks + new
-        return True
 
     def grow(self, req: int, tokens: int) -> bool:
         """Make a running request hold blocks for `tokens` tokens; False (nothing changes) if
@@ -98,11 +103,59 @@ class BlockPool:
             return True
         if new > self.free:
             return False
-        self.take(new)
+        self._take(new)
         self.held[req] += new
         return True
 
-    def take(self, n: int) -> None:
+    def add_token_each(self, rows: list[int], computed: list[int]) -> bool:
+        """Each of `rows` (holding blocks for exactly `computed[r]` tokens, or more) computes one
+        more token: those whose blocks are full take one more. False (nothing changes) if the
+        pool is short."""
+        held, size = self.held, self.block_size
+        full = [r for r in rows if computed[r] == held[r] * size]
+        if len(full) > self.free:
+            return False
+        for r in full:
+            held[r] += 1
+        self._take(len(full))
+        return True
+
+    def decode_steps_that_fit(self, tokens: list[int], steps: int) -> int:
+        """How many of the next `steps` one-token steps requests holding blocks for exactly
+        `tokens[i]` tokens can all take before the free blocks run out (0: not even one)."""
+        b, free = self.block_size, self.free
+        first = [(-t) % b + 1 for t in tokens]  # the step at which each starts a new block
+
+        def need(j: int) -> int:
+            return sum((j - f) // b + 1 for f in first if f <= j)
+
+        if free >= len(tokens) * (steps // b + 1) or need(steps) <= free:
+            return steps  # (each needs at most steps // b + 1 blocks)
+        if need(1) > free:
+            return 0
+        lo, hi = 1, steps  # need(lo) <= free < need(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
+        return lo
+
+    def decode(self, rows: list[int], tokens: list[int], steps: int) -> list[int]:
+        """Requests holding blocks for exactly `tokens[i]` tokens each compute one more token in
+        each of `steps` steps (`decode_steps_that_fit` said they fit): take their new blocks and
+        return the KV tokens in use after each step."""
+        b = self.block_size
+        grown = [0] * (steps + 1)  # blocks newly taken at each step
+        for r, t in zip(rows, tokens, strict=True):
+            f = (-t) % b + 1
+            while f <= steps:
+                grown[f] += 1
+                f += b
+            self.held[r] = -(-(t + steps) // b)
+        in_use = [u * b for u in accumulate(grown[1:], initial=self.used)][1:]
+        self._take(sum(grown))
+        return in_use
+
+    def _take(self, n: int) -> None:
         """Hand out n blocks: empty ones first, then evict cached ones (the caller checked
         that n <= free)."""
         from_empty = min(n, self.empty)

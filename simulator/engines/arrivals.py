@@ -1,8 +1,9 @@
-"""Where an engine's arrivals come from, shared by both engines and the cluster.
+"""Where a replica's arrivals come from: rows with a known time, chained calls, pushed arrivals.
 
 Rows with a known time arrive in (time, row) order; a chained call (closed-loop users,
-multi-call interactions) is released when its predecessor ends, `think_time` later, and joins
-the same order. `ingest(until)` hands every arrival up to `until` (and the horizon) to `deliver`.
+multi-call interactions) is released when its predecessor ends, `think_time` later, and an
+arrival pushed while the runner runs (live mode) is released the same way; both join the same
+order. `ingest(until)` hands every arrival up to `until` (and the horizon) to `deliver`.
 """
 
 from __future__ import annotations
@@ -32,13 +33,11 @@ def first_arrivals(trace: Trace) -> np.ndarray:
 
 
 class Arrivals:
-    coupled = False  # a cluster's feed routes arrivals between replicas that step together
-
     def __init__(self, rows: list[int], times: list[float], horizon: float | None = None) -> None:
         # a sentinel at the end (time inf) saves a bounds check on every look-up
         self._rows, self._times, self._next = [*rows, -1], [*times, np.inf], 0
         self.horizon = horizon  # arrivals after it never happen
-        self._released: list[tuple[float, int]] = []  # heap: (time, row) of chained calls
+        self._released: list[tuple[float, int]] = []  # heap: (time, row) of released arrivals
         self._next_time = self._times[0]  # kept up to date: engines ask for it very often
         self.deliver: Callable[[int, float], None] = lambda req, t: None
 
@@ -67,5 +66,6 @@ class Arrivals:
             self.deliver(req, t)
 
     def release(self, req: int, t: float) -> None:
+        """`req` will arrive at `t` (a chained call whose predecessor ended, or a pushed one)."""
         heapq.heappush(self._released, (t, req))
         self._update_next_time()

@@ -27,8 +27,8 @@ from hydra.utils import instantiate
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
-from simulator import metrics, sweep
-from simulator.capacity import (
+from simulator.apps import sweep
+from simulator.apps.capacity import (
     SearchResult,
     etalon_search,
     evalscope_search,
@@ -36,11 +36,14 @@ from simulator.capacity import (
     results_table,
     veeksha_search,
 )
-from simulator.outputs import json_safe
-from simulator.prefill_curve import fit_prefill_curve, profile_prefill
-from simulator.qoe import QoEConfig, request_values
-from simulator.run import simulate
-from simulator.slo import evaluate_slos, parse_slos
+from simulator.apps.prefill_profile import profile_prefill
+from simulator.apps.run import instantiate_parts
+from simulator.engines import simulate
+from simulator.metrics import latency
+from simulator.metrics.prefill_curve import fit_prefill_curve
+from simulator.metrics.qoe import QoEConfig, request_values
+from simulator.metrics.slo import evaluate_slos, parse_slos
+from simulator.report.run_folder import json_safe
 from traces.closed_loop import ClosedLoop
 from traces.schema import Trace
 from traces.synthetic import SyntheticWorkload
@@ -63,8 +66,7 @@ class SimulatedService:
         self.num_requests = cap.get("num_requests")
         self.workload = self._workload(instantiate(cfg.workload, _convert_="all"), cap)
         self.cfg = cfg
-        self.cost = instantiate(cfg.cost_model, _convert_="all")
-        self.engine = instantiate(cfg.engine, _convert_="all")
+        _, self.cost, self.engine, self.cluster = instantiate_parts(cfg)
         self.qoe: QoEConfig = instantiate(cfg.qoe, _convert_="all")
         self.curve = (
             fit_prefill_curve(profile_prefill(self.cost, self.engine))
@@ -125,7 +127,7 @@ class SimulatedService:
     def run(self, value: float, seed: int) -> tuple[Any, Any]:
         trace = self.trace(value, seed)
         policy = instantiate(self.cfg.policy, _convert_="all")
-        timeline = simulate(trace, policy, self.cost, self.engine)
+        timeline = simulate(trace, policy, self.cost, self.engine, self.cluster)
         return timeline.requests_frame(), timeline.tokens_frame()
 
     def check_slos(self, value: float) -> tuple[bool, dict[str, float]]:
@@ -143,11 +145,11 @@ class SimulatedService:
     @staticmethod
     def _measure(requests: Any, tokens: Any) -> dict[str, float]:
         done = requests[requests.status == "completed"]
-        lat = metrics.per_request_latency(done, tokens, "evalscope")
+        lat = latency.per_request_latency(done, tokens, "evalscope")
         duration = float(done.finished_at.max() - requests.arrival.min()) if len(done) else 0.0
 
         def pct(v: np.ndarray) -> float:
-            return metrics.percentile(v, 99, "evalscope")
+            return latency.percentile(v, 99, "evalscope")
 
         return {
             "success_rate": len(done) / len(requests),

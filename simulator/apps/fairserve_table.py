@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from simulator import interactions, metrics
-from simulator.run import compose_config, simulate_config
+from simulator.apps.run import compose_config, simulate_config
+from simulator.metrics import interactions
+from simulator.metrics.latency import token_throughput
 
 EXPERIMENTS = ("fairserve_overload", "fairserve_sustained", "fairserve_no_overload")
 POLICIES = ("fairserve", "fs_w", "fs_wl", "fs_wo", "rpm_interaction", "vtc")
@@ -39,7 +40,7 @@ def measure(
         "benign_interaction_s": latency["mean"],
         "benign_interaction_p90_s": latency["p90"],
         "benign_ttft_s": float(ttft.mean()),
-        "tokens_per_s": metrics.token_throughput(requests),
+        "tokens_per_s": token_throughput(requests),
     }
 
 

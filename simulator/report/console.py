@@ -1,16 +1,8 @@
-"""`fairsim`: compose the Hydra config, run it, write the run folder, print a per-client table."""
+"""Console tables of a run: the per-client summary, replicas, fairness beside a comparison, QoE."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
-
-from simulator import sweep
-from simulator.progress import StreamingReporter
-from simulator.run import run_config
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -120,24 +112,3 @@ def format_qoe(summary: dict[str, Any]) -> str:
         lines.append(f"  {client:<12} mean {_fmt(f['mean'])}  p10 {_fmt(f['p10'])}")
     lines.append(f"fluid token generation rate: {_fmt(q['fluid_token_rate'], 1)} tokens/s")
     return "\n".join(lines)
-
-
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
-def _main(cfg: DictConfig) -> None:
-    out_dir = HydraConfig.get().runtime.output_dir
-    sweep.run_job("fairsim", cfg, out_dir, lambda: _run(cfg, out_dir))
-
-
-def _run(cfg: DictConfig, out_dir: str) -> None:
-    _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
-    print(format_summary(outputs.summary))
-    print()
-    print(format_fairness(outputs.summary))
-    if "qoe" in outputs.summary:
-        print()
-        print(format_qoe(outputs.summary))
-    print(f"run folder: {out_dir}")
-
-
-def main() -> None:
-    _main()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from simulator.fluidity import Ragged, deadline_counts, fluidity_index
+from simulator.metrics.fluidity import Ragged, deadline_counts, fluidity_index
 
 __all__ = ["fluidity_index"]  # re-exported: the public home of the fluidity-index is this module
 

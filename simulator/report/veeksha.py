@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from simulator import fluidity, metrics
-from simulator.outputs import json_safe
-from simulator.prefill_curve import PrefillCurve
-from simulator.qoe import QoEConfig, request_fluidity, request_values
-from simulator.slo import SLO, evaluate_slos
+from simulator.metrics import fluidity, latency
+from simulator.metrics.prefill_curve import PrefillCurve
+from simulator.metrics.qoe import QoEConfig, request_fluidity, request_values
+from simulator.metrics.slo import SLO, evaluate_slos
+from simulator.report.run_folder import json_safe
 
 DISTRIBUTION_METRICS = ("ttfc", "tbc", "tpot", "e2e", "normalized_e2e", "fluidity")
 RATE_TOLERANCE = 0.15  # Veeksha's health check: observed arrival rate within 15% of configured
@@ -46,8 +46,8 @@ def request_level_rows(
     """One Veeksha row per completed request, in arrival order."""
     done = requests[requests.status == "completed"]
     done_tokens = tokens[tokens.request_id.isin(done.request_id)]
-    lat = metrics.per_request_latency(done, done_tokens, "veeksha")
-    facts, gaps = metrics.inter_token_gaps(done, done_tokens)
+    lat = latency.per_request_latency(done, done_tokens, "veeksha")
+    facts, gaps = latency.inter_token_gaps(done, done_tokens)
     flu = request_fluidity(done, done_tokens, cfg, curve)
     tbc = np.split(gaps.drop_first().values, np.cumsum(gaps.lengths - 1)[:-1])
     tbc_of = dict(zip(facts.request_id.tolist(), tbc, strict=True))
@@ -191,7 +191,7 @@ def write_veeksha_metrics(
     )
     values = request_values(requests, tokens, cfg, curve)
     tpot, tbc = values["tpot"], values["tbc"]
-    _, gaps = metrics.inter_token_gaps(requests, tokens)
+    _, gaps = latency.inter_token_gaps(requests, tokens)
     if fluid_token_rate is None:
         fluid_token_rate = fluidity.fluid_token_rate(gaps.drop_first(), cfg.exact)
     _dump(

@@ -16,9 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from simulator import interactions, metrics, replica_metrics
-from simulator.fairness import fairness_summary, tick_span
-from simulator.timeline import STATUSES, Timeline
+from simulator.core.requests import STATUSES
+from simulator.core.timeline import Timeline
+from simulator.metrics import interactions, latency, replicas
+from simulator.metrics.fairness import fairness_summary, tick_span
 
 FILES = ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json")
 
@@ -57,10 +58,8 @@ def summarize(
             "interaction_latency": interactions.interaction_latency(requests),
         }
     if "preemptions" in requests:  # engine=vllm
-        extra["vllm"] = replica_metrics.engine_counts(requests)
-        extra["replicas"] = replica_metrics.per_replica(
-            requests, tokens, steps, timeline.pool_tokens
-        )
+        extra["vllm"] = replicas.engine_counts(requests)
+        extra["replicas"] = replicas.per_replica(requests, tokens, steps, timeline.pool_tokens)
     reasons = (
         requests[requests.status != "completed"].groupby(["status", "reason"], observed=True).size()
     )
@@ -74,13 +73,13 @@ def summarize(
             "throttled_requests": throttled["throttled_requests"],
             "throttled_interactions": throttled["throttled_interactions"],
             "wasted_tokens": throttled["wasted_tokens"],
-            "throughput_tokens_per_s": metrics.token_throughput(requests),
+            "throughput_tokens_per_s": latency.token_throughput(requests),
             "output_tokens": len(tokens),
             "end_time": timeline.info.get("end_time"),
             "steps": len(steps),
-            "kv_utilisation": metrics.kv_utilisation(steps, timeline.pool_tokens),
+            "kv_utilisation": latency.kv_utilisation(steps, timeline.pool_tokens),
             "pool_tokens": timeline.pool_tokens,
-            "latency": metrics.latency_summary(requests, tokens),
+            "latency": latency.latency_summary(requests, tokens),
             "fairness": fairness_summary(
                 requests, tokens, total=tick_span(timeline.info.get("end_time"))
             ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,44 +15,24 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cost_models.base import StepCostModel
-from policies.base import Policy
-from simulator.cluster import ClusterConfig, simulate_cluster
-from simulator.engine import Progress, SLoRAConfig, SLoRAEngine, unfit_requests
-from simulator.fairness import fairness_summary, tick_span
-from simulator.outputs import RunOutputs, json_safe, write_run
-from simulator.prefill_curve import fit_prefill_curve, profile_prefill
-from simulator.qoe import QoEConfig, qoe_summary, request_values
-from simulator.slo import SLO, evaluate_slos, parse_slos
-from simulator.timeline import Timeline
-from simulator.veeksha_outputs import write_veeksha_metrics
-from simulator.vllm import VLLMConfig
-from simulator.vllm import unfit_requests as vllm_unfit_requests
+from simulator.apps.prefill_profile import profile_prefill
+from simulator.core.seam import Policy
+from simulator.core.timeline import Timeline
+from simulator.engines import ClusterConfig, Progress, simulate
+from simulator.engines.step_model import EngineConfig
+from simulator.metrics.fairness import fairness_summary, tick_span
+from simulator.metrics.prefill_curve import fit_prefill_curve
+from simulator.metrics.qoe import QoEConfig, qoe_summary, request_values
+from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
+from simulator.report.run_folder import RunOutputs, json_safe, write_run
+from simulator.report.veeksha import write_veeksha_metrics
 from traces.schema import Trace
-
-EngineConfig = SLoRAConfig | VLLMConfig
-
-
-def simulate(
-    trace: Trace,
-    policy: Policy,
-    cost_model: StepCostModel,
-    engine: EngineConfig | None = None,
-    progress: Progress | None = None,
-    cluster: ClusterConfig | None = None,
-) -> Timeline:
-    """Run `trace` under `policy` on the configured engine (S-LoRA by default; a `VLLMConfig`
-    runs vLLM-style replicas behind `cluster`'s dispatcher) and return its timeline."""
-    if isinstance(engine, VLLMConfig):
-        return simulate_cluster(trace, policy, cost_model, engine, cluster, progress)
-    if cluster is not None and cluster.replicas > 1:
-        raise ValueError("cluster.replicas > 1 needs engine=vllm (the S-LoRA engine runs alone)")
-    return SLoRAEngine(trace, policy, cost_model, engine or SLoRAConfig(), progress).run()
 
 
 def unfit(trace: Trace, engine: EngineConfig, cost: StepCostModel) -> dict[str, int]:
-    if isinstance(engine, VLLMConfig):
-        return vllm_unfit_requests(trace, engine, cost)
-    return unfit_requests(trace, engine)
+    """How many requests the engine will refuse on arrival, by reason, to report before a run."""
+    reasons = Counter(r for r in engine.refusals(trace, cost).tolist() if r is not None)
+    return dict(sorted(reasons.items()))
 
 
 def build_trace(cfg: DictConfig) -> Trace:
@@ -84,9 +65,7 @@ def simulate_config(cfg: DictConfig, trace: Trace | None = None) -> Timeline:
     """Run a composed config (its workload's trace unless `trace` is given) on its policy,
     cost model, engine and cluster."""
     policy, cost, engine, cluster = instantiate_parts(cfg)
-    return simulate(
-        build_trace(cfg) if trace is None else trace, policy, cost, engine, None, cluster
-    )
+    return simulate(build_trace(cfg) if trace is None else trace, policy, cost, engine, cluster)
 
 
 def run_config(
@@ -105,7 +84,7 @@ def run_config(
             f"engine and will be refused ({counts})",
             file=sys.stderr,
         )
-    timeline = simulate(trace, policy, cost, engine, progress, cluster)
+    timeline = simulate(trace, policy, cost, engine, cluster, progress)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     outputs = write_run(timeline, out_dir, resolved)
     outputs.summary["unfit_requests"] = unfit_counts
@@ -163,9 +142,7 @@ def compare(
     """The same trace and engine under another policy (its conf/policy default): its fairness
     figures and throughput, for the side-by-side printout."""
     policy_cfg = compose_config([f"policy={policy_name}"]).policy
-    timeline = simulate(
-        trace, instantiate(policy_cfg, _convert_="all"), cost, engine, cluster=cluster
-    )
+    timeline = simulate(trace, instantiate(policy_cfg, _convert_="all"), cost, engine, cluster)
     requests, tokens = timeline.requests_frame(), timeline.tokens_frame()
     total = tick_span(timeline.info.get("end_time"))
     return {"policy": policy_name, **fairness_summary(requests, tokens, total=total)}

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator import fluidity, metrics
-from simulator.prefill_curve import PrefillCurve
+from simulator.metrics import fluidity, latency
+from simulator.metrics.prefill_curve import PrefillCurve
 
 FLUIDITY_PERCENTILES = (1, 10, 50)  # low percentiles: the requests that stream worst
 
@@ -51,7 +51,7 @@ def request_fluidity(
 ) -> pd.DataFrame:
     if cfg.ttft_deadline is None and curve is None:
         raise ValueError("qoe.ttft_deadline is null: a prefill curve is needed for D_p")
-    return metrics.request_fluidity(
+    return latency.request_fluidity(
         requests,
         tokens,
         ttft_deadline=cfg.ttft_deadline,
@@ -71,11 +71,11 @@ def request_values(
     """Request-level values of every SLO metric (completed requests; `tbc` pools the gaps)."""
     done = requests[requests.status == "completed"]
     done_tokens = tokens[tokens.request_id.isin(done.request_id)]
-    lat = metrics.per_request_latency(done, done_tokens, "veeksha")
+    lat = latency.per_request_latency(done, done_tokens, "veeksha")
     flu = request_fluidity(done, done_tokens, cfg, curve)
     return {
         "ttfc": lat.ttft.to_numpy(),
-        "tbc": metrics.tbt_samples(done_tokens).tbt.to_numpy(),
+        "tbc": latency.tbt_samples(done_tokens).tbt.to_numpy(),
         "tpot": lat.tpot.to_numpy(),
         "e2e": lat.e2e.to_numpy(),
         "normalized_e2e": lat.normalized_e2e.to_numpy(),
@@ -102,7 +102,7 @@ def qoe_summary(
 ) -> dict[str, Any]:
     """The `qoe` block of summary.json (completed requests)."""
     flu = request_fluidity(requests, tokens, cfg, curve)
-    facts, gaps = metrics.inter_token_gaps(requests, tokens)
+    facts, gaps = latency.inter_token_gaps(requests, tokens)
     per_client = {
         str(c): {
             **_fluidity_stats(g.fluidity.to_numpy()),
@@ -110,7 +110,7 @@ def qoe_summary(
         }
         for c, g in flu.groupby("client", observed=True, sort=True)
     }
-    qoe = metrics.andes_qoe(
+    qoe = latency.andes_qoe(
         requests,
         tokens[tokens.request_id.isin(facts.request_id)],
         cfg.expected_ttft,
@@ -138,7 +138,7 @@ def qoe_summary(
             "mean": float(qoe.mean()) if len(qoe) else None,
             "p10": float(np.percentile(qoe, 10)) if len(qoe) else None,
         },
-        "goodput_requests_per_s": metrics.goodput(requests, tokens, *limits)
+        "goodput_requests_per_s": latency.goodput(requests, tokens, *limits)
         if any(v is not None for v in limits)
         else None,
     }

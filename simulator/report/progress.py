@@ -12,7 +12,7 @@ from typing import TextIO
 
 import numpy as np
 
-from simulator.engine import ProgressSnapshot
+from simulator.engines import ProgressSnapshot
 
 BAR_WIDTH = 20
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from policies.service import LinearService
-from simulator.metrics import token_throughput
+from simulator.core.service import LinearService
+from simulator.metrics.latency import token_throughput
 
 ServiceFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 FORMS = ("revision", "original")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator import metrics
+from simulator.metrics import latency
 
 
 def engine_counts(requests: pd.DataFrame) -> dict[str, Any]:
@@ -55,11 +55,11 @@ def per_replica(
                 "requests": len(r),
                 "completed": len(done),
                 "output_tokens": int((token_replica == rep).sum()),
-                "throughput_tokens_per_s": metrics.token_throughput(r),
+                "throughput_tokens_per_s": latency.token_throughput(r),
                 "ttft_mean": float(ttft.mean()) if ttft.size else float("nan"),
                 "ttft_p99": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
                 "preemptions": int(r.preemptions.sum()),
-                "kv_utilisation": metrics.kv_utilisation(steps[steps.replica == rep], pool_tokens),
+                "kv_utilisation": latency.kv_utilisation(steps[steps.replica == rep], pool_tokens),
                 "steps": int((steps.replica == rep).sum()),
             }
         )

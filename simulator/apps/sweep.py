@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from simulator.outputs import config_digest
+from simulator.report.run_folder import config_digest
 from traces.schema import TraceError
 
 JOB_FILE = "job.json"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from policies.service import LinearService, ProfiledService
-from simulator.fairness import fairness_summary
-from simulator.run import compose_config, simulate_config
+from simulator.apps.run import compose_config, simulate_config
+from simulator.core.service import LinearService, ProfiledService
+from simulator.metrics.fairness import fairness_summary
 
 
 @dataclass(frozen=True)

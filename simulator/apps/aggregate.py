@@ -22,8 +22,8 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from simulator import fairness, metrics
-from simulator.sweep import job_folders, read_job
+from simulator.apps.sweep import job_folders, read_job
+from simulator.metrics import fairness, latency
 
 GROUPS = ("policy", "workload", "engine", "cost_model", "experiment")
 RUN_METRICS = {  # column: path in summary.json
@@ -216,7 +216,7 @@ def request_fluidity(folder: Path) -> pd.Series | None:
     requests = pd.read_parquet(folder / "requests.parquet")
     done = requests[requests.status == "completed"]
     tokens = pd.read_parquet(folder / "tokens.parquet")
-    flu = metrics.request_fluidity(
+    flu = latency.request_fluidity(
         done,
         tokens[tokens.request_id.isin(done.request_id)],
         ttft_deadline=float(deadlines["ttft"]),

@@ -1,0 +1,33 @@
+"""`fairsim`: compose the Hydra config, run it, write the run folder, print a per-client table."""
+
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from simulator.apps import sweep
+from simulator.apps.run import run_config
+from simulator.report.console import format_fairness, format_qoe, format_summary
+from simulator.report.progress import StreamingReporter
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
+def _main(cfg: DictConfig) -> None:
+    out_dir = HydraConfig.get().runtime.output_dir
+    sweep.run_job("fairsim", cfg, out_dir, lambda: _run(cfg, out_dir))
+
+
+def _run(cfg: DictConfig, out_dir: str) -> None:
+    _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
+    print(format_summary(outputs.summary))
+    print()
+    print(format_fairness(outputs.summary))
+    if "qoe" in outputs.summary:
+        print()
+        print(format_qoe(outputs.summary))
+    print(f"run folder: {out_dir}")
+
+
+def main() -> None:
+    _main()

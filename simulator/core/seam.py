@@ -1,0 +1,131 @@
+"""The seam between step models and scheduling policies: six methods and two declarations.
+
+The engine owns queues, memory and time; a policy owns its own state (counters, windows) and
+answers a few questions. For every request, on the replica that serves it:
+
+1. `on_arrival(req, now, queue)`: it arrives, before joining the queue; a reason rejects it.
+2. `pick(queue, now)`: while a batch is formed, the waiting request to try next (None: stop).
+3. `admit(req, now, fits)`: the engine says whether the picked request fits (memory, token
+   budget, running cap); the policy answers `ADMIT` (only if it fits), `WAIT` (it stays queued
+   and batch forming ends) or `Drop(reason)` (it leaves the queue, rejected). After a drop the
+   engine picks again, unless `Drop(reason, stop=True)`: a throttle of a request that was
+   blocked ends forming as a wait would. `admit` is asked again when a preempted request is
+   picked to resume.
+4. `charge(event)`: service as it is done: `PromptTokens` (prompt tokens computed; an engine
+   without chunked prefill reports the whole prompt at admission; cache hits are free),
+   `OutputTokens` (one token per listed request per step, several steps at once under
+   fast-forward: a policy must end in the same state either way), `Finished`.
+5. `victim(running)`: which running request a preempting engine evicts.
+
+plus `bind(trace)` before the run. A policy declares which charge events it uses (`charged`),
+so engines build none of the others: FCFS declares none and costs nothing per step.
+
+Counter reporting is a separate interface: a policy with per-client counters (`CounterPolicy`)
+gives its change log after the run, and only such a policy can be shared by every replica of a
+cluster under `global_vtc`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+from simulator.core.queue import WaitingQueue
+from traces.schema import Trace
+
+
+class Verdict(Enum):
+    """Two of `admit`'s answers (`Drop` is the third)."""
+
+    ADMIT = "admit"
+    WAIT = "wait"
+
+
+ADMIT, WAIT = Verdict.ADMIT, Verdict.WAIT
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Take the picked request out of the queue as rejected, with `reason`. `stop`: end batch
+    forming after it (a throttle of a request that was blocked); otherwise picking goes on."""
+
+    reason: str
+    stop: bool = False
+
+
+Admission = Verdict | Drop
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokens:
+    """`tokens` more prompt tokens of `req` are computed in the step starting at `now`."""
+
+    req: int
+    tokens: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTokens:
+    """Steps ended at `step_ends`; in each, every request in `rows` (trace rows in running
+    order; `clients` are their clients) produced one output token after its first."""
+
+    rows: np.ndarray
+    clients: np.ndarray
+    step_ends: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """`req` produced its last token at `now` and left the batch."""
+
+    req: int
+    now: float
+
+
+Charge = PromptTokens | OutputTokens | Finished
+NO_CHARGES: frozenset[type] = frozenset()
+ALL_CHARGES: frozenset[type] = frozenset({PromptTokens, OutputTokens, Finished})
+
+
+class Policy(Protocol):
+    name: str
+    charged: frozenset[type]  # the Charge classes the policy uses; engines skip the others
+
+    def bind(self, trace: Trace) -> None:
+        """Reset all state for a run over `trace` (called once before the run starts)."""
+        ...
+
+    def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        """A request arrives (before it joins `queue`). Return a rejection reason, or None."""
+        ...
+
+    def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        """The waiting request to try next, or None to admit nothing more now."""
+        ...
+
+    def admit(self, req: int, now: float, fits: bool) -> Admission:
+        """The picked request, and whether the engine has room for it: ADMIT, WAIT or Drop."""
+        ...
+
+    def charge(self, event: Charge) -> None:
+        """Service done (only the event classes listed in `charged` are reported)."""
+        ...
+
+    def victim(self, running: list[int]) -> int:
+        """Which running request (listed in admission order) a preempting engine evicts."""
+        ...
+
+
+@runtime_checkable
+class CounterPolicy(Protocol):
+    """A policy that keeps one counter per client and logs every change to it (VTC, LCF, DRR,
+    FairServe): the run folder gets its log, and a cluster may share it across replicas."""
+
+    def counter_events(self) -> pd.DataFrame:
+        """Every change to the per-client counters (simulator/core/counters.py), after the run."""
+        ...

@@ -1,0 +1,226 @@
+"""What a run produced: per-request facts, per-step records and the per-token timeline.
+
+Steps are recorded by one `StepRecorder` per replica, a run of equal steps at a time. Tokens are
+stored in one encoding, `TokenRuns`: a run is (row, index, count, tick), meaning tokens
+`index .. index + count - 1` of request `row` were emitted at ticks `tick .. tick + count - 1`
+of its replica's *token clock*, an array of times the step model defines (vLLM-style: every
+step's end; S-LoRA: its decode steps' ends, then its prefill steps' ends, because a running
+request takes part in every decode step). The timeline expands runs to one row per token on
+demand.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from simulator.core.requests import STATUSES
+from traces.schema import OPTIONAL_INT_COLUMNS, Trace
+
+STEP_KINDS = ("prefill", "decode", "mixed")  # mixed: chunked prefill next to decodes (vLLM)
+PREFILL, DECODE, MIXED = range(len(STEP_KINDS))
+STEP_COLUMNS = ("start", "end", "kind", "batch_size", "num_tokens", "kv_used", "preempted")
+
+
+class StepRecorder:
+    """Per-step records of one replica, appended a run of equal steps at a time.
+
+    A run of k steps is its first start, its k end times and KV in use after each, and (kind,
+    batch size, tokens per step, preemptions); step j of a run starts when step j - 1 ends.
+    """
+
+    def __init__(self) -> None:
+        self._ends = array("d")
+        self._kv = array("q")
+        self._runs = array("d")  # (first start, steps, kind, batch size, tokens, preempted)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def record(
+        self,
+        start: float,
+        ends: list[float] | np.ndarray,
+        kv: list[int] | range,
+        kind: int,
+        batch_size: int,
+        num_tokens: int,
+        preempted: int = 0,
+    ) -> None:
+        if isinstance(ends, np.ndarray):
+            self._ends.frombytes(ends.tobytes())
+        else:
+            self._ends.extend(ends)
+        self._kv.extend(kv)
+        self._runs.extend((start, len(kv), kind, batch_size, num_tokens, preempted))
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """One entry per step (see STEP_COLUMNS; kinds index STEP_KINDS)."""
+        end = np.frombuffer(self._ends, dtype=np.float64).copy()
+        runs = np.array(self._runs, dtype=np.float64).reshape(-1, 6)
+        k = runs[:, 1].astype(np.int64)
+        start = np.empty_like(end)  # a step starts when the one before ends, or its run starts
+        start[1:] = end[:-1]
+        start[np.cumsum(k) - k] = runs[:, 0]
+        return {
+            "start": start,
+            "end": end,
+            "kind": np.repeat(runs[:, 2].astype(np.int8), k),
+            "batch_size": np.repeat(runs[:, 3].astype(np.int64), k),
+            "num_tokens": np.repeat(runs[:, 4].astype(np.int64), k),
+            "kv_used": np.frombuffer(self._kv, dtype=np.int64).copy(),
+            "preempted": np.repeat(runs[:, 5].astype(np.int64), k),
+        }
+
+
+class TokenRuns:
+    """Runs of consecutive tokens of a request, each on consecutive ticks of one replica's token
+    clock. A step model either opens a run when a request starts (or resumes) emitting and
+    closes it when it stops, or adds whole runs at once."""
+
+    NAMES = ("row", "index", "count", "replica", "tick")
+
+    def __init__(self) -> None:
+        self._open: dict[int, tuple[int, int, int]] = {}  # row -> (index, replica, tick)
+        self._cols = {name: array("q") for name in self.NAMES}
+        self._added: list[dict[str, np.ndarray]] = []
+
+    def open(self, req: int, index: int, replica: int, tick: int) -> None:
+        """`req` emits token `index` at `tick` and keeps emitting one per tick (unless open)."""
+        if req not in self._open:
+            self._open[req] = (index, replica, tick)
+
+    def close(self, req: int, generated: int) -> None:
+        """`req` stops emitting, having emitted `generated` tokens in all (no-op if not open)."""
+        run = self._open.pop(req, None)
+        if run is not None:
+            index, replica, tick = run
+            for name, v in zip(self.NAMES, (req, index, generated - index, replica, tick)):
+                self._cols[name].append(v)
+
+    def close_all(self, generated: list[int]) -> None:
+        for req in list(self._open):
+            self.close(req, generated[req])
+
+    def add(
+        self, rows: np.ndarray, index: np.ndarray, count: np.ndarray, replica: int, tick: np.ndarray
+    ) -> None:
+        """Whole runs at once (empty runs are left out)."""
+        keep = count > 0
+        self._added.append(
+            {
+                "row": rows[keep],
+                "index": index[keep],
+                "count": count[keep],
+                "replica": np.full(int(keep.sum()), replica, dtype=np.int64),
+                "tick": tick[keep],
+            }
+        )
+
+    def columns(self, clock_offsets: np.ndarray) -> dict[str, np.ndarray]:
+        """Runs as columns row, index, count, tick, with ticks into the concatenated clocks
+        (replica r's clock starts at `clock_offsets[r]`)."""
+        parts = [{n: np.frombuffer(self._cols[n], dtype=np.int64) for n in self.NAMES}]
+        cols = {n: np.concatenate([p[n] for p in parts + self._added]) for n in self.NAMES}
+        return {
+            "row": cols["row"],
+            "index": cols["index"],
+            "count": cols["count"],
+            "tick": cols["tick"] + clock_offsets[cols["replica"]],
+        }
+
+
+@dataclass(eq=False)
+class Timeline:
+    """The result of one run over `trace` (rows align with the trace's rows)."""
+
+    trace: Trace
+    arrival: np.ndarray  # when each request arrived (NaN: never; chained calls differ from trace)
+    status: np.ndarray  # int8 codes into STATUSES
+    reason: np.ndarray  # object: str or None
+    admitted_at: np.ndarray
+    first_token_at: np.ndarray
+    finished_at: np.ndarray
+    generated: np.ndarray  # output tokens emitted
+    steps: dict[str, np.ndarray]  # STEP_COLUMNS plus `replica`
+    token_runs: dict[str, np.ndarray]  # row, index, count, tick (see TokenRuns)
+    token_clock: np.ndarray  # every replica's token clock, concatenated
+    pool_tokens: int
+    info: dict[str, object] = field(default_factory=dict)
+    counters: pd.DataFrame | None = None  # the policy's counter events (core/counters.py)
+    request_columns: dict[str, np.ndarray] = field(default_factory=dict)  # replica, preemptions
+
+    TOKEN_BLOCK = 1 << 20  # tokens per block when expanding the per-token timeline
+
+    def token_times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, index, time) of every emitted output token, grouped by row, index 0 first.
+
+        Rows and indices are int32 to keep tens of millions of tokens compact; the arrays are
+        filled a block of runs at a time so that no full-length temporaries are needed.
+        """
+        runs = self.token_runs
+        order = np.lexsort((runs["index"], runs["row"]))
+        row, first, tick, count = (runs[k][order] for k in ("row", "index", "tick", "count"))
+        total = int(count.sum())
+        rows = np.repeat(row.astype(np.int32), count)
+        index = np.empty(total, dtype=np.int32)
+        time = np.empty(total)
+        starts = np.cumsum(count) - count
+        # within a run, a token's tick minus its index is constant: index = place in the block
+        # minus (run start - first index), tick = index + (tick - first index)
+        shift = (starts - first).astype(np.int64)
+        offset = (tick - first).astype(np.int32)  # ticks and indices fit int32
+        bounds = np.searchsorted(starts, np.arange(0, max(total, 1), self.TOKEN_BLOCK))
+        for lo, hi in zip(bounds.tolist(), [*bounds[1:].tolist(), count.shape[0]], strict=True):
+            if lo == hi:
+                continue
+            cs = count[lo:hi]
+            a = int(starts[lo])
+            b = a + int(cs.sum())
+            # int32 within a block: it holds at most TOKEN_BLOCK tokens
+            local = (shift[lo:hi] - a).astype(np.int32)
+            np.subtract(np.arange(b - a, dtype=np.int32), np.repeat(local, cs), out=index[a:b])
+            self.token_clock.take(index[a:b] + np.repeat(offset[lo:hi], cs), out=time[a:b])
+        return rows, index, time
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per request; a trace's optional columns (interactions, think times) follow."""
+        t = self.trace
+        optional: dict[str, object] = {}
+        if t.app is not None:  # users belong to apps (FairServe): the client is the user
+            optional["app"] = pd.Categorical.from_codes(t.app, categories=list(t.app_names))
+            optional["user"] = pd.Categorical.from_codes(t.client, categories=list(t.client_names))
+        for name in (*OPTIONAL_INT_COLUMNS, "think_time"):
+            if getattr(t, name) is not None:
+                optional[name] = getattr(t, name)
+        return pd.DataFrame(
+            {
+                "request_id": t.request_id,
+                "client": pd.Categorical.from_codes(t.client, categories=list(t.client_names)),
+                "arrival": self.arrival,
+                "prompt_len": t.prompt_len,
+                "output_len": t.output_len,
+                "status": pd.Categorical.from_codes(self.status, categories=list(STATUSES)),
+                "reason": pd.array(self.reason, dtype="string"),
+                "admitted_at": self.admitted_at,
+                "first_token_at": self.first_token_at,
+                "finished_at": self.finished_at,
+                "tokens_emitted": self.generated,
+                **self.request_columns,
+                **optional,
+            }
+        )
+
+    def tokens_frame(self) -> pd.DataFrame:
+        rows, index, time = self.token_times()
+        return pd.DataFrame(
+            {"request_id": self.trace.request_id[rows], "index": index, "time": time}
+        )
+
+    def steps_frame(self) -> pd.DataFrame:
+        s = dict(self.steps)
+        s["kind"] = pd.Categorical.from_codes(s["kind"], categories=list(STEP_KINDS))
+        return pd.DataFrame(s)

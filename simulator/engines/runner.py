@@ -1,0 +1,425 @@
+"""The runner: one SimPy environment, N replicas of a step model behind a dispatcher.
+
+The runner owns everything about a run that does not depend on how a GPU step is modelled:
+arrivals (the trace's rows, chained calls released when their predecessor ends, arrivals pushed
+while it runs), per-request state, refusals of requests no replica can ever serve, the policy's
+arrival hook, the horizon, progress reports, finishing, and the `Timeline`.
+
+Replicas whose arrivals are known up front (one replica, or a static dispatcher on an open-loop
+trace) each run alone and may run ahead of simulated time, taking many steps at once
+(fast-forward). Otherwise the replicas are coupled: each decides a step at its start and applies
+it at its end, one step at a time, so every replica and the dispatcher see the others exactly as
+of that instant. At one instant, arrivals come before the effects of a step ending then, and the
+next step's decisions come after both.
+
+Online use (`pushed=True`): nothing arrives from the trace by itself; `push(rows, times)` makes
+rows arrive, and `run_until(t)` advances the simulation to t, promising that every arrival before
+t has been pushed. Replicas then never apply a step that ends at or after that frontier, so the
+timeline is exactly the one an offline run of the same arrivals gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import time as wallclock
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from cost_models.base import StepCostModel
+from simulator.core.queue import WaitingQueue
+from simulator.core.requests import REFUSED, REJECTED, RequestState
+from simulator.core.seam import CounterPolicy, Finished, Policy
+from simulator.core.timeline import Timeline, TokenRuns
+from simulator.engines.arrivals import Arrivals, chains, first_arrivals
+from simulator.engines.dispatch import ClusterConfig
+from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
+from simulator.engines.slora import SLoRAConfig
+from simulator.engines.step_model import EngineConfig, Plan, StepModel
+from traces.schema import Trace
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """What a progress reporter sees about once a second of wall time (arrays are live views:
+    read them during the call, do not keep them)."""
+
+    now: float
+    finished: int
+    total: int
+    arrival: np.ndarray
+    output_len: np.ndarray
+    first_token_at: np.ndarray
+    finished_at: np.ndarray
+
+
+Progress = Callable[[ProgressSnapshot], None]
+
+BUSY, IDLE, HELD, DONE = range(4)  # how a standalone replica's burst of steps ended
+
+
+class Runner:
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        cost: StepCostModel,
+        engine: EngineConfig,
+        cluster: ClusterConfig | None = None,
+        progress: Progress | None = None,
+        pushed: bool = False,
+    ) -> None:
+        cluster = cluster or ClusterConfig()
+        self.trace, self.engine, self.cluster = trace, engine, cluster
+        self.horizon = engine.horizon
+        self.progress, self._reported = progress, wallclock.monotonic()
+        self.state = RequestState(trace)
+        self.tokens = TokenRuns()
+        self.dispatcher = cluster.make_dispatcher(self.state.client_of)
+        self.dispatcher.check(policy)
+        n, shared = cluster.replicas, self.dispatcher.shared
+        copies = 0 if shared else n - 1  # replica 0 runs the given policy object itself
+        self.policies = [policy] + [copy.deepcopy(policy) for _ in range(copies)]
+        for p in self.policies:
+            p.bind(trace)
+        self._refusal = engine.refusals(trace, cost).tolist()
+        self.successor = chains(trace)
+        self.coupled = not self.dispatcher.static or (trace.chained and n > 1)
+        self.pushed = pushed
+        self._pushed: set[int] = set()
+        self._chained = {row for row, _ in self.successor.values()}
+        self.frontier = 0.0 if pushed else np.inf  # every arrival before it is known
+        first = [] if pushed else first_arrivals(trace).tolist()
+        self._feeds = self._make_feeds(first, n)
+        client_of = self.state.client_of
+        queues = [WaitingQueue(client_of) for _ in range(1 if shared else n)]
+        self.queues = queues * n if shared else queues
+        per_replica = self.policies * n if shared else self.policies
+        fast = engine.fast_forward and not self.coupled
+        self.replicas = engine.build(self, per_replica, self.queues, cost, fast)
+        self.env = simpy.Environment()
+        self._wake: list[simpy.Event | None] = [None] * n  # set while a coupled replica idles
+        self._held: list[Plan | None] = [None] * n  # a step ending at or after the frontier
+        self._changed: simpy.Event | None = None  # coupled: a release or push to wait for
+        self._frontier_moved = self.env.event()
+        self._started = False
+
+    # ---- arrivals ---------------------------------------------------------------------------
+    def _make_feeds(self, first: list[int], n: int) -> list[Arrivals]:
+        arrival = self.trace.arrival
+        if self.coupled:
+            feed = Arrivals(first, arrival[first].tolist(), self.horizon)
+            feed.deliver = self._dispatch
+            return [feed] * n
+        mine: list[list[int]] = [[] for _ in range(n)]
+        for r in first:  # static dispatch: every assignment up front
+            mine[self.dispatcher.route(r, [])].append(r)
+        feeds = [Arrivals(rows, arrival[rows].tolist(), self.horizon) for rows in mine]
+        for i, feed in enumerate(feeds):
+            feed.deliver = partial(self._accept, i)
+        return feeds
+
+    def feed(self, replica: int) -> Arrivals:
+        return self._feeds[replica]
+
+    def _dispatch(self, req: int, now: float) -> None:
+        """Coupled replicas: route an arrival when it happens."""
+        if self.dispatcher.shared:
+            self._accept(0, req, now)  # one queue, one policy; idle replicas wake to pull
+            return
+        i = self.dispatcher.route(req, self.replicas)
+        self.state.replica[req] = i
+        self._accept(i, req, now)
+
+    def _accept(self, replica: int, req: int, now: float) -> None:
+        """A request arrives at a replica: refused, rejected, or queued."""
+        state = self.state
+        state.arrival[req] = now  # chained calls learn their time only now
+        refusal = self._refusal[req]
+        if refusal is not None:
+            self._end(req, now, REFUSED, refusal)
+            return
+        queue = self.queues[replica]
+        rejection = self.replicas[replica].policy.on_arrival(req, now, queue)
+        if rejection is not None:
+            self._end(req, now, REJECTED, rejection)
+            return
+        state.reason[req] = "queued"
+        queue.push(req)
+        if self.coupled:
+            self.queued(replica)
+
+    def _release(self, req: int, t: float) -> None:
+        feed = self._feeds[0] if self.coupled else self._feeds[self._target(req)]
+        feed.release(req, t)
+        if self._changed is not None and not self._changed.triggered:
+            self._changed.succeed()
+
+    def _target(self, req: int) -> int:
+        """Standalone replicas: the replica a chained call or a pushed arrival goes to."""
+        return self.dispatcher.route(req, self.replicas) if len(self.replicas) > 1 else 0
+
+    def push(self, rows: Sequence[int], times: Sequence[float] | None = None) -> None:
+        """Make trace rows arrive at `times` (default: their trace times), each at or after
+        the frontier. Only for a runner made with `pushed=True`; chained calls are still
+        released by the runner when their predecessor ends."""
+        if not self.pushed:
+            raise ValueError("Runner.push needs a runner made with pushed=True")
+        at = self.trace.arrival[list(rows)] if times is None else np.asarray(times, float)
+        for req, t in zip(rows, at.tolist(), strict=True):
+            if not 0 <= req < len(self.trace) or req in self._chained:
+                raise ValueError(f"push: row {req} is not a first arrival of the trace")
+            if not t >= self.frontier:
+                raise ValueError(f"push: arrival at {t} s is before the frontier {self.frontier} s")
+            if req in self._pushed:
+                raise ValueError(f"push: row {req} was pushed before")
+            self._pushed.add(req)
+            self._release(req, t)
+
+    # ---- endings ----------------------------------------------------------------------------
+    def _end(self, req: int, now: float, status: int, reason: str) -> None:
+        self.state.end(req, status, reason)
+        self._released(req, now)
+
+    def reject(self, req: int, now: float, reason: str) -> None:
+        self._end(req, now, REJECTED, reason)
+
+    def finish(self, replica: int, rows: list[int], now: float) -> None:
+        state = self.state
+        for r in rows:
+            state.complete(r, now)
+        policy = self.replicas[replica].policy
+        if Finished in policy.charged:
+            for r in rows:
+                policy.charge(Finished(r, now))
+        if self.dispatcher.tracks_load or self.successor:
+            for r in rows:
+                self._released(r, now)
+
+    def _released(self, req: int, now: float) -> None:
+        """`req` ended: it no longer loads its replica, and a chained successor is sent after
+        its think time."""
+        if self.dispatcher.tracks_load:
+            self.dispatcher.released(req, int(self.state.replica[req]))
+        nxt = self.successor.get(req)
+        if nxt is not None:
+            self._release(nxt[0], now + nxt[1])
+
+    def queued(self, replica: int) -> None:
+        """Wake the replicas that may pull from `replica`'s queue."""
+        for i in range(len(self.replicas)) if self.dispatcher.shared else (replica,):
+            wake = self._wake[i]
+            if wake is not None and not wake.triggered:
+                wake.succeed()
+
+    # ---- running ----------------------------------------------------------------------------
+    def run(self) -> Timeline:
+        """Run to the end (offline) and return the timeline."""
+        return self.close()
+
+    def run_until(self, t: float) -> None:
+        """Advance to time `t`: every arrival before `t` has been pushed."""
+        if t < self.frontier:
+            raise ValueError(f"run_until: {t} s is before the frontier {self.frontier} s")
+        self.frontier = t
+        self._advance_env(t)
+
+    def close(self) -> Timeline:
+        """No more arrivals will be pushed: run to completion (or the horizon)."""
+        self.frontier = np.inf
+        self._advance_env(None)
+        return self._timeline()
+
+    def _advance_env(self, until: float | None) -> None:
+        if not self._started:
+            self._started = True
+            if self.coupled:
+                self.env.process(self._arrivals())
+            for rep in self.replicas:
+                self.env.process(self._coupled(rep) if self.coupled else self._standalone(rep))
+        moved, self._frontier_moved = self._frontier_moved, self.env.event()
+        moved.succeed()
+        if until is not None and until <= self.env.now:
+            return
+        # engine loops allocate many short-lived objects and no reference cycles: the cyclic
+        # collector only costs time (about 6% of a run), so it is paused while simulating
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run(until)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _tick(self, now: float) -> None:
+        """Report progress about once a second of wall time (replicas call this every loop)."""
+        if self.progress is None or wallclock.monotonic() - self._reported < 1.0:
+            return
+        self._reported = wallclock.monotonic()
+        state = self.state
+        self.progress(
+            ProgressSnapshot(
+                now,
+                state.ended,
+                len(self.trace),
+                state.arrival,
+                self.trace.output_len,
+                state.first_token_at,
+                state.finished_at,
+            )
+        )
+
+    def _past_horizon(self, now: float) -> bool:
+        return self.horizon is not None and now >= self.horizon
+
+    def _next_arrival(self, rep: StepModel) -> float:
+        """When the next arrival may come: a known one, or the frontier."""
+        return min(self._feeds[rep.index].next_time(), self.frontier)
+
+    def _standalone(self, rep: StepModel) -> Generator[simpy.Event, None, None]:
+        """A replica alone: it takes steps one after another, up to MAX_RUN_SEGMENTS of them,
+        then lets simulated time catch up; nobody else reads its state, so it may run ahead."""
+        env = self.env
+        while True:
+            burst = self._burst(rep)
+            yield env.timeout(max(0.0, rep.now - env.now))
+            if burst == BUSY:
+                continue
+            if burst == HELD:
+                yield self._frontier_moved
+                continue
+            if burst == DONE:
+                return
+            nxt = self._next_arrival(rep)  # idle: sleep until the next arrival
+            if nxt == np.inf or (self.horizon is not None and nxt > self.horizon):
+                return
+            if nxt >= self.frontier:
+                yield self._frontier_moved
+                continue
+            yield env.timeout(max(0.0, nxt - env.now))
+            rep.now = nxt
+
+    def _burst(self, rep: StepModel) -> int:
+        feed, i, horizon = self._feeds[rep.index], rep.index, self.horizon
+        feed.ingest(rep.now)  # applying a plan delivers every arrival up to its end
+        for _ in range(MAX_RUN_SEGMENTS):
+            plan = self._held[i]
+            if plan is None:
+                if self.progress is not None:
+                    self._tick(rep.now)
+                if horizon is not None and rep.now >= horizon:
+                    return DONE
+                plan = rep.schedule(self.frontier)
+                if plan is None:
+                    return IDLE
+            if plan.end >= self.frontier:
+                self._held[i] = plan
+                return HELD
+            self._held[i] = None
+            rep.apply(plan)
+        return BUSY
+
+    def _coupled(self, rep: StepModel) -> Generator[simpy.Event, None, None]:
+        """Coupled replicas: decide at a step's start, apply at its end, one step at a time."""
+        env, feed = self.env, self._feeds[rep.index]
+        while True:
+            self._tick(rep.now)
+            feed.ingest(rep.now)
+            if self._past_horizon(rep.now):
+                return
+            plan = rep.schedule(self.frontier)
+            if plan is None:
+                wake = self._wake[rep.index] = env.event()
+                yield wake
+                self._wake[rep.index] = None
+                rep.now = env.now
+                continue
+            # simulated time reaches plan.end only once the frontier has passed it
+            yield env.timeout(max(0.0, plan.end - env.now))
+            rep.apply(plan)
+            yield env.timeout(0)  # every replica applies its step before any decides
+            rep.now = env.now
+
+    def _arrivals(self) -> Generator[simpy.Event, None, None]:
+        """Coupled replicas: deliver arrivals while every replica is idle."""
+        env, feed = self.env, self._feeds[0]
+        while True:
+            feed.ingest(env.now)
+            if self._past_horizon(env.now):
+                return
+            t = feed.next_time()
+            self._changed = env.event()
+            waits = [self._changed]
+            if t < np.inf and (self.horizon is None or t <= self.horizon):
+                waits.append(env.timeout(t - env.now))
+            yield env.any_of(waits)
+
+    # ---- the result -------------------------------------------------------------------------
+    def _timeline(self) -> Timeline:
+        state, reps = self.state, self.replicas
+        for rep in reps:
+            rep.close()
+        self.tokens.close_all(state.generated)
+        cols = [rep.steps.columns() for rep in reps]
+        clocks = [rep.token_clock(c) for rep, c in zip(reps, cols, strict=True)]
+        steps = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
+        steps["replica"] = np.repeat(np.arange(len(reps)), [c["end"].shape[0] for c in cols])
+        offsets = np.cumsum([0] + [c.shape[0] for c in clocks])
+        request_columns = {"replica": state.replica, **reps[0].request_columns()}
+        return Timeline(
+            trace=self.trace,
+            arrival=state.arrival,
+            status=state.status,
+            reason=state.reason,
+            admitted_at=state.admitted_at,
+            first_token_at=state.first_token_at,
+            finished_at=state.finished_at,
+            generated=np.asarray(state.generated, dtype=np.int64),
+            steps=steps,
+            token_runs=self.tokens.columns(offsets[:-1]),
+            token_clock=np.concatenate(clocks),
+            pool_tokens=reps[0].pool_tokens,
+            counters=_counters(self.policies),
+            info={
+                "engine": self.engine.name,
+                "end_time": max(rep.now for rep in reps),
+                "replicas": len(reps),
+                "dispatcher": self.cluster.dispatcher,
+                "kv_used_at_end": sum(rep.kv_used() for rep in reps),
+                **self.engine.info(reps),
+            },
+            request_columns=request_columns,
+        )
+
+
+def _counters(policies: list[Policy]) -> pd.DataFrame | None:
+    frames = []
+    for i, p in enumerate(policies):
+        if isinstance(p, CounterPolicy):
+            f = p.counter_events()
+            if len(policies) > 1:
+                f = f.assign(replica=i)
+            frames.append(f)
+    if not frames:
+        return None
+    return pd.concat(frames, ignore_index=True)
+
+
+def simulate(
+    trace: Trace,
+    policy: Policy,
+    cost_model: StepCostModel,
+    engine: EngineConfig | None = None,
+    cluster: ClusterConfig | None = None,
+    progress: Progress | None = None,
+) -> Timeline:
+    """Run `trace` under `policy` on the configured engine (S-LoRA by default), on
+    `cluster.replicas` replicas behind its dispatcher, and return one timeline (requests and
+    steps carry their replica)."""
+    engine = SLoRAConfig() if engine is None else engine
+    return Runner(trace, policy, cost_model, engine, cluster, progress).run()

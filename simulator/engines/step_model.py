@@ -1,0 +1,178 @@
+"""What the runner asks of a step model, and what a step model sees of the runner.
+
+A step model is one replica's scheduler and memory: given its waiting queue and KV pool it
+decides the next step at the current instant (`schedule`, returning a `Plan`) and applies it
+when the step ends (`apply`), the `schedule()` / `update_from_output()` split of vLLM v1. A
+plan may be a run of several decode steps (fast-forward); arrivals falling inside a run are
+delivered in order between the effects of its steps, by the model, through `Host.feed`.
+
+An engine config (a frozen dataclass in the model's module, named by `conf/engine/*.yaml`)
+builds the replicas and says which requests they can never serve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from cost_models.base import StepCostModel
+from simulator.core.queue import WaitingQueue
+from simulator.core.requests import RequestState
+from simulator.core.seam import ADMIT, WAIT, Drop, Policy, Verdict
+from simulator.core.timeline import StepRecorder, TokenRuns
+from simulator.engines.arrivals import Arrivals
+from traces.schema import Trace
+
+
+@dataclass(slots=True)
+class Plan:
+    """A decided step (or run of decode steps): when it starts, when each of its steps ends,
+    and when the last one ends. Each step model adds what it needs to apply it."""
+
+    start: float
+    ends: list[float] | np.ndarray
+    end: float
+
+
+def check_integers(config: object, minimum: int, *names: str) -> None:
+    """Each named field of an engine config is an integer >= minimum."""
+    for name in names:
+        v = getattr(config, name)
+        if int(v) != v or v < minimum:
+            raise ValueError(f"engine.{name} must be an integer >= {minimum}, got {v!r}")
+
+
+def check_horizon(horizon: float | None) -> None:
+    if horizon is not None and not (np.isfinite(horizon) and horizon > 0):
+        raise ValueError(f"engine.horizon must be null or a number > 0, got {horizon!r}")
+
+
+def ask_admission(
+    policy: Policy, queue: WaitingQueue, host: Host, req: int, now: float, fits: bool
+) -> Verdict | None:
+    """Ask the policy about the request it picked, whose fit the engine tested. ADMIT: it joins
+    the step (the caller takes it out of the queue); WAIT: batch forming ends; None: the policy
+    dropped it (now rejected), pick again."""
+    verdict = policy.admit(req, now, fits)
+    if verdict is ADMIT:
+        if not fits:
+            raise RuntimeError(f"policy {policy.name} admitted a request that does not fit")
+        return ADMIT
+    if isinstance(verdict, Drop):
+        queue.remove(req)
+        host.reject(req, now, verdict.reason)
+        return WAIT if verdict.stop else None
+    return WAIT
+
+
+class Host(Protocol):
+    """The runner, as its replicas see it."""
+
+    trace: Trace
+    state: RequestState
+    tokens: TokenRuns
+    horizon: float | None
+
+    def feed(self, replica: int) -> Arrivals:
+        """The arrivals that can reach this replica (ingest them before a step's effects)."""
+        ...
+
+    def finish(self, replica: int, rows: list[int], now: float) -> None:
+        """These running requests produced their last token at `now` (memory already freed)."""
+        ...
+
+    def reject(self, req: int, now: float, reason: str) -> None:
+        """The policy dropped a waiting request: it leaves as rejected."""
+        ...
+
+    def queued(self, replica: int) -> None:
+        """The replica put a request back into its queue (a preemption): wake who may pull it."""
+        ...
+
+
+class StepModel(Protocol):
+    index: int
+    now: float  # the end of the last step applied
+    queue: WaitingQueue
+    policy: Policy
+    steps: StepRecorder
+    pool_tokens: int
+
+    def has_work(self) -> bool:
+        """Anything running or waiting."""
+        ...
+
+    def schedule(self, frontier: float) -> Plan | None:
+        """Decide the next step (or run) at `now`; None: nothing to do. A run's steps end before
+        `frontier`, except a single step (which the runner holds until the frontier passes)."""
+        ...
+
+    def apply(self, plan: Plan) -> None:
+        """Apply a plan at its end: deliver arrivals up to it, then its tokens, charges and
+        finishes."""
+        ...
+
+    def remaining_tokens(self, req: int) -> int:
+        """Tokens `req` still needs this replica to process (prompt not computed + output not
+        generated): what a load-aware dispatcher weighs."""
+        ...
+
+    def kv_used(self) -> int:
+        """KV tokens in use now."""
+        ...
+
+    def close(self) -> None:
+        """After the run: check the memory books, mark running requests, and write the token
+        runs and emitted counts the model kept to itself."""
+        ...
+
+    def token_clock(self, steps: dict[str, np.ndarray]) -> np.ndarray:
+        """This replica's token clock (see simulator/core/timeline.py), from its step records."""
+        ...
+
+    def request_columns(self) -> dict[str, np.ndarray]:
+        """Per-request columns this model adds to requests.parquet (may be empty)."""
+        ...
+
+
+class EngineConfig(Protocol):
+    """A step model's configuration; `conf/engine/*.yaml` names the class."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fast_forward(self) -> bool:
+        """Whether a replica running alone may take many decode steps at once."""
+        ...
+
+    @property
+    def horizon(self) -> float | None:
+        """Simulated seconds after which nothing starts (None: run until every request ends)."""
+        ...
+
+    def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
+        """Per request, why a replica can never serve it (None: it can): refused on arrival."""
+        ...
+
+    def for_lone_requests(self, prompt_tokens: int, cost: StepCostModel) -> EngineConfig:
+        """A copy in which a lone request of up to `prompt_tokens` prompt tokens and one output
+        token always runs, without a horizon (to profile the engine's prefill times)."""
+        ...
+
+    def build(
+        self,
+        host: Host,
+        policies: list[Policy],
+        queues: list[WaitingQueue],
+        cost: StepCostModel,
+        fast_forward: bool,
+    ) -> list[StepModel]:
+        """One replica per policy / queue (several replicas may share one of each)."""
+        ...
+
+    def info(self, replicas: list[StepModel]) -> dict[str, object]:
+        """Model facts for the timeline's `info` (beyond engine, end time, replicas)."""
+        ...

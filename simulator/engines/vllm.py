@@ -1,0 +1,527 @@
+"""The vLLM-v1-style engine as a step model: one replica of a cluster.
+
+Each step has one token budget (`max_num_batched_tokens`) and a cap on running requests
+(`max_num_seqs`). Running requests are served first, in order: each catches its computed tokens
+up to its tokens (prompt + generated), so a decode takes one token and a prompt is cut into
+chunks that fit the budget. KV memory is paged (simulator/engines/kv_blocks.py); when a running
+request's blocks cannot be allocated the policy names a victim (FCFS: the tail of running), which
+loses its KV (recompute), goes back to the head of the waiting queue and later re-prefills
+prompt + generated tokens. Waiting requests are admitted, in the policy's order, only in a step
+that preempted nothing, and only while their blocks fit (keeping `watermark` of the pool free
+while anything runs); the first that does not fit stops admission. The engine never looks at
+output lengths: a request simply finishes when its last token is sampled.
+
+Requests that can never finish (their final KV exceeds the whole pool) are refused on arrival.
+
+Service charged to policies: computed prompt tokens as their chunk is scheduled (a prefix-cache
+hit is free; recomputation after a preemption only with `charge_recompute`), every output token
+after the first when it is sampled.
+
+A replica running alone may take many decode steps at once when nothing can change the batch
+(fast-forward), with the same timeline as stepping one by one. Tokens are recorded as runs over
+this replica's steps (a preemption, or a step that leaves a decoding request out, ends a run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.base import StepCostModel, mixed_step_time
+from simulator.core.queue import WaitingQueue
+from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
+from simulator.core.timeline import DECODE, MIXED, PREFILL, StepRecorder
+from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
+from simulator.engines.kv_blocks import BlockPool, block_keys
+from simulator.engines.step_model import (
+    Host,
+    Plan,
+    StepModel,
+    ask_admission,
+    check_horizon,
+    check_integers,
+)
+from traces.schema import Trace
+
+SHORT_RUN_STEPS = 24  # runs up to this long are timed in floats, longer ones as arrays
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """Knobs of one vLLM-style replica. `pool_tokens` null: the cost model's KV capacity (GPU
+    memory less weights), which the roofline models provide."""
+
+    pool_tokens: int | None = None
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    watermark: float = 0.0
+    prefix_caching: bool = True
+    charge_recompute: bool = False
+    fast_forward: bool = True
+    horizon: float | None = None
+
+    name = "vllm"
+
+    def __post_init__(self) -> None:
+        check_integers(self, 1, "block_size", "max_num_batched_tokens", "max_num_seqs")
+        if self.pool_tokens is not None and (
+            int(self.pool_tokens) != self.pool_tokens or self.pool_tokens < self.block_size
+        ):
+            raise ValueError(
+                f"engine.pool_tokens must be null or an integer >= engine.block_size "
+                f"({self.block_size}), got {self.pool_tokens!r}"
+            )
+        if not (0.0 <= self.watermark < 1.0):
+            raise ValueError(f"engine.watermark must be in [0, 1), got {self.watermark!r}")
+        check_horizon(self.horizon)
+
+    def num_blocks(self, cost: StepCostModel) -> int:
+        if self.pool_tokens is not None:
+            return int(self.pool_tokens) // self.block_size
+        capacity = getattr(cost, "kv_capacity_tokens", None)
+        if capacity is None:
+            raise ValueError(
+                "engine.pool_tokens is null but the cost model "
+                f"({type(cost).__name__}) cannot derive a KV capacity; set engine.pool_tokens "
+                "or use cost_model=roofline / vidur_profile"
+            )
+        return int(capacity()) // self.block_size
+
+    def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
+        """Per request, "kv_pool_too_small" if its final KV (prompt + output - 1 tokens) needs
+        more blocks than one replica's pool has, else None."""
+        final_blocks = -(-(trace.prompt_len + trace.output_len - 1) // self.block_size)
+        reason = np.full(len(trace), None, dtype=object)
+        reason[final_blocks > self.num_blocks(cost)] = "kv_pool_too_small"
+        return reason
+
+    def for_lone_requests(self, prompt_tokens: int, cost: StepCostModel) -> VLLMConfig:
+        """A copy in which a lone request of up to `prompt_tokens` prompt tokens and one output
+        token always runs (no horizon): for profiling. Prompts are chunked as configured."""
+        blocks = max(self.num_blocks(cost), -(-(prompt_tokens + 1) // self.block_size))
+        return dataclasses.replace(self, pool_tokens=blocks * self.block_size, horizon=None)
+
+    def build(
+        self,
+        host: Host,
+        policies: list[Policy],
+        queues: list[WaitingQueue],
+        cost: StepCostModel,
+        fast_forward: bool,
+    ) -> list[StepModel]:
+        shared = VLLMRequests(len(host.trace))
+        return [
+            VLLMReplica(i, host, shared, policy, queue, cost, self, fast_forward)
+            for i, (policy, queue) in enumerate(zip(policies, queues, strict=True))
+        ]
+
+    def info(self, replicas: list[StepModel]) -> dict[str, object]:
+        return {"block_size": self.block_size}
+
+
+class VLLMRequests:
+    """Per-request engine state shared by the replicas (under a shared queue a preempted
+    request may resume on another replica)."""
+
+    def __init__(self, n: int) -> None:
+        self.computed = [0] * n  # tokens whose KV the request holds (or is computing)
+        self.high_water = [0] * n  # tokens ever computed or served from the cache
+        self.cached_tokens = [0] * n  # prompt tokens served from the prefix cache
+        self.preemptions = [0] * n
+
+
+@dataclass(slots=True)
+class StepPlan(Plan):
+    """One step: who computes how many tokens (`new`), of which kind, after how many
+    preemptions."""
+
+    rows: list[int]
+    new: list[int]
+    kind: int
+    preempted: int
+
+
+@dataclass(slots=True)
+class DecodeRunPlan(Plan):
+    """Fast-forward: every running request decodes one token in each of len(ends) steps."""
+
+    rows: list[int]
+
+
+class VLLMReplica:
+    def __init__(
+        self,
+        index: int,
+        host: Host,
+        shared: VLLMRequests,
+        policy: Policy,
+        queue: WaitingQueue,
+        cost: StepCostModel,
+        cfg: VLLMConfig,
+        fast_forward: bool,
+    ) -> None:
+        self.index, self.host, self.req = index, host, shared
+        self.policy, self.queue = policy, queue
+        self.cost, self.cfg, self.fast_forward = cost, cfg, fast_forward
+        self.trace, self.state, self.feed = host.trace, host.state, host.feed(index)
+        self.pool = BlockPool(cfg.num_blocks(cost), cfg.block_size, cfg.prefix_caching)
+        self.pool_tokens = self.pool.num_blocks * cfg.block_size
+        self.watermark_blocks = int(cfg.watermark * self.pool.num_blocks)
+        self._prompt, self._output = self.state.prompt, self.state.output
+        self.charge_prompt = PromptTokens in policy.charged
+        self.charge_output = OutputTokens in policy.charged
+        self.running: list[int] = []
+        self.now = 0.0
+        self.steps = StepRecorder()
+        self._keys: dict[int, list[int]] = {}
+        self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
+        self.stalled: set[int] = set()  # decoding requests a step left out (token run ended)
+
+    # ---- what the runner asks ------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.running or len(self.queue))
+
+    def kv_used(self) -> int:
+        return self.pool.used * self.cfg.block_size
+
+    def schedule(self, frontier: float) -> Plan | None:
+        if self.fast_forward and self._can_run():
+            plan = self._decode_run(frontier)
+            if plan is not None:
+                return plan
+        return self._schedule() if self.has_work() else None
+
+    def apply(self, plan: Plan) -> None:
+        if type(plan) is DecodeRunPlan:
+            self._apply_run(plan)
+        else:
+            assert isinstance(plan, StepPlan)
+            self._apply_step(plan)
+
+    def remaining_tokens(self, req: int) -> int:
+        p = self._prompt[req]
+        return p + self._output[req] - min(self.req.computed[req], p) - self.state.generated[req]
+
+    def close(self) -> None:
+        self.pool.check()  # private + cached + empty blocks add up to the pool
+        for r in self.running:
+            self.state.reason[r] = "running"
+
+    def token_clock(self, steps: dict[str, np.ndarray]) -> np.ndarray:
+        return steps["end"]
+
+    def request_columns(self) -> dict[str, np.ndarray]:
+        return {
+            "preemptions": np.asarray(self.req.preemptions, dtype=np.int64),
+            "cached_tokens": np.asarray(self.req.cached_tokens, dtype=np.int64),
+        }
+
+    def keys(self, req: int) -> list[int]:
+        if not self.pool.caching or self.trace.block_hashes is None:
+            return []
+        keys = self._keys.get(req)
+        if keys is None:
+            keys = block_keys(
+                self.trace.block_hashes[req],
+                self.trace.hash_block_tokens,
+                self.cfg.block_size,
+                self._prompt[req],
+            )
+            self._keys[req] = keys
+        return keys
+
+    # ---- deciding a step -----------------------------------------------------------------
+    def _schedule(self, carried: int = 0) -> StepPlan | None:
+        """Decide one step. `carried`: preemptions of an empty step just before (the victim
+        was the request being scheduled and came first), recorded with this one."""
+        cfg, pool = self.cfg, self.pool
+        prompt, computed, gen = self._prompt, self.req.computed, self.state.generated
+        prefilling = self.prefilling
+        budget = cfg.max_num_batched_tokens
+        running = self.running
+        rows: list[int] = []
+        new: list[int] = []
+        preempted = 0
+        i = 0
+        n_run = len(running)
+        known = 0  # leading rows known to be plain decodes
+        # the common case: every running request decodes one token; if the pool has the new
+        # blocks those whose last block is full need, nothing is preempted
+        plain = n_run and n_run <= budget and not prefilling and not self.stalled
+        if plain and pool.add_token_each(running, computed):
+            rows, new, i = list(running), [1] * n_run, n_run
+            budget -= n_run
+            known = n_run
+        while i < len(running) and budget > 0:
+            r = running[i]
+            # a prompt takes the chunk the budget leaves; a decode one token
+            n = min(prompt[r] + gen[r] - computed[r], budget) if r in prefilling else 1
+            if not pool.grow(r, computed[r] + n):
+                i, budget, dropped = self._make_room(r, n, i, rows, new, budget)
+                preempted += dropped
+                if r not in running:
+                    break
+            rows.append(r)
+            new.append(n)
+            budget -= n
+            i += 1
+        if not preempted:
+            budget = self._admit(rows, new, budget)
+        if not rows:
+            if preempted and running:  # an empty step: decide again, with fewer running
+                return self._schedule(carried + preempted)
+            return None
+        return self._timed(rows, new, preempted + carried, known)
+
+    def _make_room(
+        self, r: int, n: int, i: int, rows: list[int], new: list[int], budget: int
+    ) -> tuple[int, int, int]:
+        """Preempt the policy's victims until `r` (the i-th running request) gets blocks for
+        `n` more tokens or is itself the victim. Returns (i, budget, preemptions)."""
+        running, count = self.running, 0
+        while True:
+            victim = self.policy.victim(running)
+            v = running.index(victim)
+            if v < i:  # already scheduled this step: give its tokens back
+                rows.pop(v)
+                budget += new.pop(v)
+                i -= 1
+            self._preempt(victim, v)
+            count += 1
+            if victim == r or self.pool.grow(r, self.req.computed[r] + n):
+                return i, budget, count
+
+    def _admit(self, rows: list[int], new: list[int], budget: int) -> int:
+        cfg, pool, state, policy, queue = self.cfg, self.pool, self.state, self.policy, self.queue
+        running, now = self.running, self.now
+        while len(queue) and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = policy.pick(queue, now)
+            if req is None:
+                break
+            total = self._prompt[req] + state.generated[req]  # a resumed request recomputes all
+            keys = self.keys(req)
+            hit = pool.cached_prefix(keys, total)
+            start = hit * cfg.block_size
+            n = min(total - start, budget)
+            reserve = self.watermark_blocks if running else 0
+            fits = pool.fits(keys, hit, start + n, reserve)
+            answer = ask_admission(policy, queue, self.host, req, now, fits)
+            if answer is None:
+                continue
+            if answer is not ADMIT:
+                break
+            pool.admit(req, keys, hit, start + n, reserve)
+            queue.remove(req)
+            self.req.computed[req] = start
+            self.req.cached_tokens[req] += start
+            self.req.high_water[req] = max(self.req.high_water[req], start)
+            state.reason[req] = "running"
+            state.replica[req] = self.index
+            running.append(req)
+            self.prefilling.add(req)
+            rows.append(req)
+            new.append(n)
+            budget -= n
+            if state.admitted_at[req] != state.admitted_at[req]:  # NaN: its first admission
+                state.admitted_at[req] = now
+        return budget
+
+    def _preempt(self, req: int, position: int) -> None:
+        self.running.pop(position)
+        self.prefilling.discard(req)
+        self.stalled.discard(req)
+        self.pool.release(req)
+        r = self.req
+        r.high_water[req] = max(r.high_water[req], r.computed[req])
+        r.computed[req] = 0
+        r.preemptions[req] += 1
+        self.host.tokens.close(req, self.state.generated[req])
+        self.state.reason[req] = "preempted"
+        self.queue.push_front(req)
+        self.host.queued(self.index)
+
+    def _timed(self, rows: list[int], new: list[int], preempted: int, known: int = 0) -> StepPlan:
+        """Charge the scheduled prompt chunks and time the step (the first `known` rows are
+        plain decodes)."""
+        policy, now, prefilling = self.policy, self.now, self.prefilling
+        prompt, computed, hw = self._prompt, self.req.computed, self.req.high_water
+        chunks: list[tuple[int, int]] = []
+        decodes = known
+        context = sum([computed[r] for r in rows[:known]]) + known
+        for r, n in zip(rows[known:], new[known:], strict=True):
+            c = computed[r]
+            if r not in prefilling:
+                decodes += 1
+                context += c + 1
+                continue
+            chunks.append((n, c))
+            fresh = max(0, min(c + n, prompt[r]) - max(c, hw[r]))
+            again = max(0, min(c + n, hw[r]) - c)
+            charged = fresh + (again if self.cfg.charge_recompute else 0)
+            if charged and self.charge_prompt:
+                policy.charge(PromptTokens(r, charged, now))
+            hw[r] = max(hw[r], c + n)
+        if chunks:
+            kind = MIXED if decodes else PREFILL
+            dt = mixed_step_time(self.cost, chunks, decodes, context)
+        else:
+            kind = DECODE
+            dt = self.cost.decode_time(decodes, context)
+        return StepPlan(now, [now + dt], now + dt, rows, new, kind, preempted)
+
+    # ---- fast-forward ---------------------------------------------------------------------
+    def _can_run(self) -> bool:
+        """Whether the next step is plain decoding of the whole running set with nothing to
+        admit (then several steps can be taken at once)."""
+        cfg, n = self.cfg, len(self.running)
+        if not n or self.prefilling or self.stalled or n > cfg.max_num_batched_tokens:
+            return False
+        return not len(self.queue) or n >= cfg.max_num_seqs
+
+    def _decode_run(self, frontier: float) -> DecodeRunPlan | None:
+        """As many decode steps as nothing can change: bounded by the next finish, the free
+        blocks and MAX_RUN_STEPS, then cut by `run_length`. None: not even one step fits the
+        free blocks (the general step preempts)."""
+        cfg = self.cfg
+        rows = list(self.running)
+        n = len(rows)
+        computed, gen, out = self.req.computed, self.state.generated, self._output
+        tokens = [computed[r] for r in rows]
+        until_finish = min(out[r] - gen[r] for r in rows)
+        k = self.pool.decode_steps_that_fit(tokens, min(until_finish, MAX_RUN_STEPS))
+        if not k:
+            return None
+        context = n + sum(tokens)  # tokens the first step attends to
+        ends = self._decode_ends(n, context, k)
+        nxt = np.inf if n >= cfg.max_num_seqs else self.feed.next_time()  # admissible arrival
+        k = run_length(ends, next_arrival=nxt, horizon=cfg.horizon, frontier=frontier)
+        return DecodeRunPlan(self.now, ends[:k], float(ends[k - 1]), rows)
+
+    def _decode_ends(self, n: int, context: int, k: int) -> np.ndarray:
+        """End times of k decode steps of n requests from now (context: the tokens the first
+        attends to, n more each step). Short runs are timed step by step in floats, long ones
+        as arrays; both add the same step times in the same order."""
+        cost = self.cost
+        if k <= SHORT_RUN_STEPS:
+            end, short = self.now, []
+            for j in range(k):  # the same additions, in the same order, as the cumsum below
+                end += cost.decode_time(n, context + n * j)
+                short.append(end)
+            return np.array(short)
+        ends = cost.decode_times(n, context + n * np.arange(k, dtype=np.int64))
+        ends[0] += self.now  # now + t0, then + t1, ...: the scalar loop's additions
+        np.cumsum(ends, out=ends)
+        return ends
+
+    def _apply_run(self, plan: DecodeRunPlan) -> None:
+        rows, ends = plan.rows, plan.ends
+        assert isinstance(ends, np.ndarray)
+        n, k, last = len(rows), ends.shape[0], plan.end
+        state, feed, horizon = self.state, self.feed, self.cfg.horizon
+        if self.charge_output:
+            rows_arr = np.asarray(rows, dtype=np.int64)
+            clients = state.client[rows_arr]
+            done = 0
+            limit = last if horizon is None else min(last, horizon)  # none arrive after it
+            while feed.next_time() <= limit:  # arrivals see the charges before them
+                t = feed.next_time()
+                j = int(np.searchsorted(ends, t, side="left"))
+                if j > done:
+                    self.policy.charge(OutputTokens(rows_arr, clients, ends[done:j]))
+                    done = j
+                feed.ingest(t)
+            self.policy.charge(OutputTokens(rows_arr, clients, ends[done:]))
+        else:
+            feed.ingest(last)
+        computed, gen, out = self.req.computed, state.generated, self._output
+        kv = self.pool.decode(rows, [computed[r] for r in rows], k)
+        finished = []
+        for r in rows:
+            computed[r] += k
+            g = gen[r] + k
+            gen[r] = g
+            if g == out[r]:
+                finished.append(r)
+        self._record(plan.start, ends, kv, DECODE, n, n, 0)
+        self.now = last
+        self._finish(finished)
+
+    # ---- applying a step -----------------------------------------------------------------
+    def _apply_step(self, plan: StepPlan) -> None:
+        self.feed.ingest(plan.end)
+        state, pool, prefilling, tokens = self.state, self.pool, self.prefilling, self.host.tokens
+        prompt, out, computed, gen = self._prompt, self._output, self.req.computed, state.generated
+        end, tick = plan.end, len(self.steps)
+        emitted: list[int] = []
+        finished: list[int] = []
+        stalled = self.stalled
+        for r, n in zip(plan.rows, plan.new, strict=True):
+            c = computed[r] + n
+            computed[r] = c
+            if r in prefilling:
+                if c - n < prompt[r]:  # prompt positions computed: their full blocks are cached
+                    pool.register(r, self.keys(r), c)
+                if c < prompt[r] + gen[r]:
+                    continue  # more chunks to come
+                prefilling.discard(r)  # a token is sampled: the first, or the first after
+                tokens.open(r, gen[r], self.index, tick)  # a preemption
+                if gen[r] == 0:
+                    state.first_token_at[r] = end
+                else:
+                    emitted.append(r)
+            else:
+                if stalled and r in stalled:  # skipped in an earlier step: a new token run
+                    stalled.discard(r)
+                    tokens.open(r, gen[r], self.index, tick)
+                emitted.append(r)
+            g = gen[r] + 1
+            gen[r] = g
+            if g == out[r]:
+                finished.append(r)
+        if len(plan.rows) < len(self.running):  # budget or a preemption stopped the loop:
+            scheduled = set(plan.rows)  # decoders left out produce no token this step
+            for r in self.running:
+                if r not in scheduled and r not in prefilling and r not in stalled:
+                    stalled.add(r)
+                    tokens.close(r, gen[r])
+        if emitted and self.charge_output:
+            rows = np.asarray(emitted, dtype=np.int64)
+            self.policy.charge(OutputTokens(rows, state.client[rows], np.array([end])))
+        self._record(
+            plan.start,
+            [end],
+            [self.kv_used()],
+            plan.kind,
+            len(plan.rows),
+            sum(plan.new),
+            plan.preempted,
+        )
+        self.now = end
+        self._finish(finished)
+
+    def _record(
+        self,
+        start: float,
+        ends: list[float] | np.ndarray,
+        kv: list[int],
+        kind: int,
+        batch: int,
+        tokens: int,
+        preempted: int,
+    ) -> None:
+        if kv[-1] > self.pool_tokens:  # KV only grows within a record
+            raise RuntimeError(f"KV pool over-committed: {kv[-1]} > {self.pool_tokens}")
+        self.steps.record(start, ends, kv, kind, batch, tokens, preempted)
+
+    def _finish(self, finished: list[int]) -> None:
+        if not finished:
+            return
+        gen, tokens = self.state.generated, self.host.tokens
+        for r in finished:
+            self.running.remove(r)
+            self.pool.release(r)
+            tokens.close(r, gen[r])
+        self.host.finish(self.index, finished, self.now)

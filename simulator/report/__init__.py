@@ -1,0 +1,1 @@
+"""Reporting: the run folder, Veeksha-compatible files, console tables, progress lines."""

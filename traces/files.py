@@ -1,0 +1,122 @@
+"""Reading trace files safely: locating a file, reading CSV / Parquet / JSONL tables, and
+checking columns, with errors that name the file, the row and the field.
+
+Shared by every loader (traces/loaders.py, traces/agentic.py, ...). Files are read as UTF-8 text
+or Parquet, never unpickled.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.schema import TraceError
+
+TABLE_FORMATS = ("csv", "parquet", "jsonl")
+SUFFIX_FORMAT = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl"}
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_path(path: str | Path, what: str = "trace file") -> Path:
+    """A relative path is looked up from the working directory, then from the project root, so
+    defaults such as ../shared/data/... work from a checkout with `shared` beside it."""
+    p = Path(path)
+    candidates = [p] if p.is_absolute() else [p, PROJECT_ROOT / p]
+    for c in candidates:
+        if c.exists():
+            return c
+    looked = ", ".join(str(c) for c in candidates)
+    raise TraceError(f"{path}: {what} not found (looked in {looked})")
+
+
+def read_table(path: str | Path, fmt: str | None = None) -> pd.DataFrame:
+    """Read a CSV (UTF-8, header row), Parquet or JSONL (one JSON object per line) file."""
+    p = resolve_path(path)
+    if not p.is_file():
+        raise TraceError(f"{p}: not a file; accepted: a {'/'.join(TABLE_FORMATS)} file")
+    fmt = fmt or SUFFIX_FORMAT.get(p.suffix.lower())
+    if fmt not in TABLE_FORMATS:
+        raise TraceError(
+            f"{p}: format {fmt or p.suffix!r} unknown; accepted: {TABLE_FORMATS} "
+            f"(from the suffix {tuple(SUFFIX_FORMAT)} or given explicitly)"
+        )
+    if fmt == "parquet":
+        try:
+            frame = pd.read_parquet(p)
+        except Exception as err:  # pyarrow raises several types for corrupt files
+            raise TraceError(
+                f"{p}: not a readable Parquet file ({err}); accepted: Parquet"
+            ) from None
+    else:
+        text = _utf8(p)
+        frame = _read_csv(p, text) if fmt == "csv" else _read_jsonl(p, text)
+    if len(frame) == 0:
+        raise TraceError(f"{p}: the file has no data rows; accepted: at least one row")
+    return frame
+
+
+def _utf8(p: Path) -> str:
+    raw = p.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n")
+        raise TraceError(
+            f"{p}: line {line + 1} is not UTF-8 (byte {err.start}); accepted: UTF-8 text"
+        ) from None
+
+
+def _read_csv(p: Path, text: str) -> pd.DataFrame:
+    if not text.strip():
+        raise TraceError(f"{p}: the file is empty; accepted: a header row and data rows")
+    try:
+        return pd.read_csv(io.StringIO(text))
+    except pd.errors.ParserError as err:
+        raise TraceError(f"{p}: malformed CSV ({err}); accepted: comma-separated rows") from None
+
+
+def _read_jsonl(p: Path, text: str) -> pd.DataFrame:
+    rows = []
+    for line_no, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TraceError(
+                f"{p}: line {line_no + 1} is not JSON ({err.msg}); accepted: one JSON object "
+                "per line"
+            ) from None
+        if not isinstance(row, dict):
+            raise TraceError(
+                f"{p}: line {line_no + 1} holds {type(row).__name__}; accepted: a JSON object"
+            )
+        rows.append(row)
+    if not rows:
+        raise TraceError(f"{p}: the file is empty; accepted: one JSON object per line")
+    return pd.DataFrame.from_records(rows)
+
+
+def require(frame: pd.DataFrame, columns: list[str], source: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise TraceError(
+            f"{source}: field {missing[0]!r}: missing column; accepted: columns {columns} "
+            f"(the file has {list(frame.columns)})"
+        )
+
+
+def numbers(frame: pd.DataFrame, column: str, source: str) -> np.ndarray:
+    """A numeric column as float64; the first non-numeric, missing or infinite cell is an error."""
+    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argmax(bad))
+        cell = frame[column].iloc[row]
+        cell = cell.item() if isinstance(cell, np.generic) else cell
+        raise TraceError(f"{source}: row {row}, field {column!r}: got {cell!r}; accepted: a number")
+    return values
