@@ -1,7 +1,7 @@
 """Model and GPU descriptions for the GPU cost models, with presets.
 
 Model shapes are the published architectures. GPU figures are the vendors' dense bf16 tensor peak
-and HBM/GDDR bandwidth (engine.md §4 gives A10G, A100 and H100). For the A10G the A10's 125
+and HBM/GDDR bandwidth (A10G, A100 and H100 among them). For the A10G the A10's 125
 TFLOP/s is used: the VTC profile's 4,680 prefill tokens/s for a 7B model already needs 63 TFLOP/s.
 """
 

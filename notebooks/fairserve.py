@@ -49,7 +49,7 @@ runs = {(p, s): run("fairserve_overload", p, s) for p in POLICIES for s in SEEDS
 
 # %% [markdown]
 # ## Throttled requests and interactions, wasted tokens (paper Fig. 8a-b)
-# The paper's artifact run (policies.md): RPM rejected 2,843 requests in 1,996 interactions and
+# The paper's artifact run: RPM rejected 2,843 requests in 1,996 interactions and
 # wasted about 108k prompt tokens on interactions it later aborted; FairServe rejected 79
 # requests and wasted none; VTC rejected none. The paper's Fig. 8a reports RPM throttling 21.15x
 # more interactions than FairServe.

@@ -144,7 +144,7 @@ print({p: round(v) for p, v in worst.items()}, "2U =", 2 * u)
 # ## Fig. 15: memory pool and request length ablation
 # Llama-2-13B on an A100-80GB (roofline step times), pools of 35,000 and 65,000 tokens, two
 # clients at [6, 12], [3, 6], [1.5, 3] and [1, 2] requests/s for prompt = output = 128, 256,
-# 512 and 768 tokens (workloads.md, overload-s4). The paper's "long" variant has no stated
+# 512 and 768 tokens (the ablation's overload-s4 suite). The paper's "long" variant has no stated
 # lengths and is left out. Where the engine is overloaded VTC's average difference is a fraction
 # of FCFS's at both pools; where it keeps up with both clients (128-token requests on this
 # roofline model) the two policies serve identically.

@@ -1,4 +1,4 @@
-"""FairServe (spec: policies.md, FairServe section): WSC counters, interaction preference, OIT.
+"""FairServe (the FairServe paper and its artifact): WSC counters, interaction preference, OIT.
 
 Users are the trace's clients; apps, interactions, call indices and system prompts come from the
 trace (a request without an interaction is an interaction of one call; without an app, every

@@ -1,15 +1,16 @@
-"""Calibration against the VTC paper's published numbers (reference.md), via simulator.paper_tables.
+"""Calibration against the VTC paper's published numbers (Tables 2-6, transcribed in
+simulator/apps/vtc_tables.py's ROWS), via simulator.apps.vtc_tables.
 
-No row is tuned: every row runs its experiment config as shipped (VTC rows with the artifact's
-lift, as all its runs had). Known deviations beyond ±30% (recorded in the closing notes) are
-asserted with the bound they do meet, so a regression still fails:
-- VTC(oracle) on the overload suites (Tables 4, 5): the paper's differences are nearly zero (Avg
-  Diff 0.3-0.5 tokens/s out of ~900); ours are too (< 5 tokens/s) but not within 30%.
-- Table 4 VTC (profiled) Max Diff +49%; VTC(±50%) Max Diff -53% (Table 5) and +34% (Table 6).
-  With evenly spaced arrivals and deterministic step times the two-client overload runs lock
-  into one of two regimes (Max Diff ~30 or ~210 for VTC, depending on the arrival phases); the
-  GPU's timing noise is not modelled.
-- On the real trace VTC(oracle) and VTC tie within 2% (paper: oracle 11% lower).
+Pinned: one constant. The A10G cost model (conf/cost_model/a10g_llama7b.yaml) is a least-squares
+fit of the artifact's kernel profile (test_cost_models checks the fit) plus `step_overhead`, 4 ms
+per iteration, the only value chosen to match a published figure: FCFS on the overload suite,
+876 tokens/s in Table 4. `test_the_calibrated_step_overhead_gives_the_papers_fcfs_throughput`
+holds it.
+
+Checked: every row runs its experiment config as shipped, none tuned (VTC rows with the
+artifact's counter lift, as all its runs had). Rows are asserted within the paper's figures
+(±30% Max/Avg Diff, ±5% throughput), except the known deviations in DEVIATIONS, which are
+asserted against the bounds they were measured to meet (regression pins), each with its cause.
 """
 
 from functools import cache
@@ -22,8 +23,21 @@ from simulator.apps.vtc_tables import ROWS, PaperRow, measure
 from simulator.metrics import latency
 
 PAPER_FCFS_OVERLOAD_TOKENS_PER_S = 876  # Table 4
-NEAR_ZERO = {("4", "VTC(oracle)"), ("5", "VTC(oracle)")}
-LOOSE = {("4", "VTC"), ("5", "VTC(±50%)"), ("6", "VTC(±50%)")}
+# Rows that do not match the paper within 30%: (Max Diff bound, Avg Diff bound, how each bound is
+# read: "abs" absolute tokens/s, "rel" relative to the paper's value). Measured (Max / Avg Diff):
+DEVIATIONS = {
+    # the paper's differences are nearly zero (Avg Diff 0.34 and 0.51 out of ~900 tokens/s);
+    # ours are too (5.17 / 2.87 and 7.16 / 3.97) but not within 30% of so small a number
+    ("4", "VTC(oracle)"): (10.0, 5.0, "abs"),
+    ("5", "VTC(oracle)"): (10.0, 5.0, "abs"),
+    # evenly spaced arrivals and deterministic step times lock the two-client overload into one
+    # of two regimes (Max Diff ~30 or ~210 for VTC, depending on the arrival phases): Table 4
+    # VTC (profiled h) 204.78 / 94.66 against 137.27 / 74.87, Table 5 VTC(±50%) 16.00 / 8.30
+    # against 33.98 / 12.54, Table 6 VTC(±50%) 133.64 / 61.43 against 99.43 / 66.32
+    ("4", "VTC"): (0.6, 0.4, "rel"),
+    ("5", "VTC(±50%)"): (0.6, 0.4, "rel"),
+    ("6", "VTC(±50%)"): (0.6, 0.4, "rel"),
+}
 needs_real = pytest.mark.skipif(
     not (SHARED_DATA / "vtc" / "real_trace.csv").exists(),
     reason="../shared/data/vtc/real_trace.csv is absent (the real-trace rows need ../shared)",
@@ -71,20 +85,35 @@ def test_real_trace_orderings_match_the_paper():
     assert [tput[k] for k in limits] == sorted(tput[k] for k in limits)
 
 
+OVERLOAD_ROWS = [r for r in ROWS if r.table in ("4", "5", "6")]
+
+
 @pytest.mark.parametrize(
-    "row", [r for r in ROWS if r.table in ("4", "5", "6")], ids=lambda r: f"T{r.table}-{r.label}"
+    "row",
+    [r for r in OVERLOAD_ROWS if (r.table, r.label) not in DEVIATIONS],
+    ids=lambda r: f"T{r.table}-{r.label}",
 )
-def test_overload_suite_rows_within_30_percent(row):
+def test_overload_suite_rows_within_30_percent_of_the_paper(row):
     m = measured(row)
-    key = (row.table, row.label)
-    if key in NEAR_ZERO:
-        assert m["max_diff"] < 10 and m["avg_diff"] < 5
-    elif key in LOOSE:
-        assert m["max_diff"] == pytest.approx(row.max_diff, rel=0.6)
-        assert m["avg_diff"] == pytest.approx(row.avg_diff, rel=0.4)
+    assert m["max_diff"] == pytest.approx(row.max_diff, rel=0.30)
+    assert m["avg_diff"] == pytest.approx(row.avg_diff, rel=0.30)
+    if row.throughput is not None:
+        assert m["throughput_tokens_per_s"] == pytest.approx(row.throughput, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [r for r in OVERLOAD_ROWS if (r.table, r.label) in DEVIATIONS],
+    ids=lambda r: f"T{r.table}-{r.label}",
+)
+def test_known_deviations_stay_within_the_bounds_they_were_measured_to_meet(row):
+    m = measured(row)
+    max_bound, avg_bound, kind = DEVIATIONS[(row.table, row.label)]
+    if kind == "abs":
+        assert m["max_diff"] < max_bound and m["avg_diff"] < avg_bound
     else:
-        assert m["max_diff"] == pytest.approx(row.max_diff, rel=0.30)
-        assert m["avg_diff"] == pytest.approx(row.avg_diff, rel=0.30)
+        assert m["max_diff"] == pytest.approx(row.max_diff, rel=max_bound)
+        assert m["avg_diff"] == pytest.approx(row.avg_diff, rel=avg_bound)
     if row.throughput is not None:
         assert m["throughput_tokens_per_s"] == pytest.approx(row.throughput, rel=0.05)
 
@@ -96,7 +125,7 @@ def test_overload_ordering_prediction_helps():
 
 
 @pytest.mark.parametrize("overrides", [[], ["experiment=vtc_overload"]])
-def test_fcfs_overload_throughput_within_10_percent_of_the_paper(overrides):
+def test_the_calibrated_step_overhead_gives_the_papers_fcfs_throughput(overrides):
     tl = simulate_config(compose_config(["policy=fcfs", *overrides]))
     tput = latency.token_throughput(tl.requests_frame())
     assert tput == pytest.approx(PAPER_FCFS_OVERLOAD_TOKENS_PER_S, rel=0.10)

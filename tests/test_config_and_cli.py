@@ -86,6 +86,38 @@ def test_cli_runs_and_prints_a_per_client_table(tmp_path):
     assert len(rows) == 45 + 90
 
 
+@pytest.mark.parametrize(("replicas", "dispatcher"), [(2, "global_vtc"), (4, "least_tokens")])
+def test_cli_runs_slora_replicas_behind_a_dispatcher(tmp_path, replicas, dispatcher):
+    import pandas as pd
+
+    res = fairsim(
+        "engine=slora",
+        f"cluster.replicas={replicas}",
+        f"cluster.dispatcher={dispatcher}",
+        "workload.duration=30",
+        "workload.rate_scale=3",
+        "progress=false",
+        "veeksha_metrics=false",
+        f"hydra.run.dir={tmp_path}/run",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert [r["replica"] for r in summary["replicas"]] == list(range(replicas))
+    counts = summary["status_counts"]
+    assert sum(counts.values()) == summary["requests"] == 3 * (45 + 90)
+    assert counts["completed"] == summary["requests"], "no horizon: every request completes"
+    steps = pd.read_parquet(run / "steps.parquet")
+    assert steps.groupby("replica").kv_used.max().max() <= summary["pool_tokens"]
+    requests = pd.read_parquet(run / "requests.parquet")
+    assert requests.replica.between(0, replicas - 1).all()
+    assert "replica" in res.stdout and "TTFT p99" in res.stdout
+    if dispatcher == "global_vtc":  # FCFS has no counters: compared on one shared queue
+        assert summary["comparison"]["dispatcher"] == "central"
+        assert "FCFS (central)" in res.stdout
+
+
 def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
     res = fairsim(
         "workload.duration=30",

@@ -1,4 +1,5 @@
-"""Fairness metrics (metrics.md §4) on hand-built runs whose answers are known in closed form."""
+"""Fairness metrics (docs/metrics.md §4) on hand-built runs whose answers are known in closed
+form."""
 
 import numpy as np
 import pandas as pd

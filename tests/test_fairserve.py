@@ -1,5 +1,5 @@
 """FairServe (policies/fairserve.py), its RPM baseline, the multi-app generator, the agentic
-sessions loader and the interaction metrics, against policies.md's FairServe rules."""
+sessions loader and the interaction metrics, against the FairServe paper's rules."""
 
 from dataclasses import replace
 
@@ -260,10 +260,11 @@ def test_experiments_reproduce_the_papers_claims():
 
 
 def test_artifact_shaped_workload_matches_the_trace_facts():
-    """experiment=fairserve_overload's trace against workloads.md §4: ~10,000 calls from 1,358
-    configured users (about a tenth send nothing) in 23 apps over 71 s, the heaviest user ~2,100
-    calls (1,778 of them in 60 s in the artifact), the median user a few calls per minute,
-    prompt + output < 2,000 (1/8 scale), one app of 288-call interactions, most of one call."""
+    """experiment=fairserve_overload's trace against the artifact's trace facts: ~10,000 calls
+    from 1,358 configured users (about a tenth send nothing) in 23 apps over 71 s, the heaviest
+    user ~2,100 calls (1,778 of them in 60 s in the artifact), the median user a few calls per
+    minute, prompt + output < 2,000 (1/8 scale), one app of 288-call interactions, most of one
+    call."""
     from simulator.apps.run import build_trace, compose_config
 
     tr = build_trace(compose_config(["experiment=fairserve_overload"]))

@@ -1,4 +1,4 @@
-"""Etalon's fluidity-index (metrics.md section 2): reference vectors in both conventions, the
+"""Etalon's fluidity-index (docs/metrics.md §2): reference vectors in both conventions, the
 paper's early-vs-late stall, and the lock-step implementation against a per-token oracle."""
 
 import math
@@ -85,7 +85,7 @@ def test_bad_deadlines_are_rejected():
 
 
 def _oracle(itt, d_p, d_d, exact):
-    """Per-token transcription of metrics.md section 2 (floats, or integer nanoseconds)."""
+    """Per-token transcription of docs/metrics.md §2 (floats, or integer nanoseconds)."""
     if exact:
         itt = [round(t * 1e9) for t in itt]
         d_p, d_d = round(d_p * 1e9), round(d_d * 1e9)

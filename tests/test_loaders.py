@@ -1,5 +1,5 @@
 """Trace-file loaders on small files written here and, where ../shared/data exists, on the real
-files (row counts and statistics from workloads.md section 2); validation errors name the file,
+files (row counts and statistics of the published files); validation errors name the file,
 row and field; fuzzed broken files only ever raise TraceError."""
 
 import json

@@ -1,5 +1,5 @@
 """Latency conventions, percentile rules, Andes QoE, goodput, SLOs, the prefill curve and the
-Veeksha-compatible files (metrics.md sections 1, 3, 6, 7)."""
+Veeksha-compatible files (docs/metrics.md §1, 3, 6, 7)."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""The VTC artifact's workload generators, request for request (workloads.md §1, seed 42)."""
+"""The VTC artifact's workload generators, request for request (seed 42)."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,10 @@ from conftest import shared_file
 from simulator.apps.run import build_trace, compose_config
 from traces import ArtifactSuite, TraceError, VTCRealTrace, load_vtc_real
 
-COUNTS = {  # the table in workloads.md §1: requests per client
+# Requests per client: int(rate * duration) for the evenly spaced suites (worked by hand from the
+# paper's rates and durations); for the Poisson suites the counts of the inputs the artifact's
+# generator rebuilds with seed 42 (a regression pin of the generator transcription).
+COUNTS = {
     "vtc_overload": [540, 1080],
     "vtc_proportional": [150, 300, 900],
     "vtc_on_off_less": [150, 1200],

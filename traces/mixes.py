@@ -2,7 +2,8 @@
 workloads, built as ordinary `SyntheticWorkload`s.
 
 - `arena_like`: the VTC paper's real workload (Chatbot Arena, 27 clients) from its published
-  facts (workloads.md section 1): the per-client request counts of the stored trace as shares,
+  facts (its section 5 and the trace in its artifact): the per-client request counts of the
+  stored trace as shares,
   Poisson arrivals, log-normal lengths with the trace's medians (prompt 40, output 211) and sigmas
   fitted so that the means after the cap at 1,023 tokens (the paper dropped >= 1,024) are the
   trace's (prompt 136, output 256): sigma 1.782 and 0.632.

@@ -1,4 +1,4 @@
-"""Multi-app, multi-call workloads built from the FairServe paper's facts (workloads.md §4).
+"""Multi-app, multi-call workloads built from the FairServe paper's published trace facts.
 
 Users belong to apps. A user starts interactions as a Poisson process; per-user rates are
 log-normal around the app's median (a heavy tail: a few users far above the rest). An interaction

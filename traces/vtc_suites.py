@@ -1,4 +1,4 @@
-"""The VTC paper's workloads, generated request for request as its artifact did (workloads.md §1).
+"""The VTC paper's workloads, generated request for request as its artifact did.
 
 The artifact seeds numpy's legacy global `RandomState` once per suite (seed 42) and draws in a
 fixed order; each generator below draws from its own `RandomState(seed)` in that same order, so

@@ -1,4 +1,4 @@
-"""Capacity search drivers (metrics.md section 6): the highest load that still meets an SLO.
+"""Capacity search drivers (docs/metrics.md §6): the highest load that still meets an SLO.
 
 Each driver is a pure function of a `check` (or `measure`) callable, so it is tested against
 analytic pass/fail functions and runs unchanged on the simulator (simulator/capacity_run.py).

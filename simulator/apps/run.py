@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cost_models.base import StepCostModel
 from simulator.apps.prefill_profile import profile_prefill
-from simulator.core.seam import Policy
+from simulator.core.seam import CounterPolicy, Policy
 from simulator.core.timeline import Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
@@ -140,9 +141,14 @@ def compare(
     cluster: ClusterConfig | None = None,
 ) -> dict[str, Any]:
     """The same trace and engine under another policy (its conf/policy default): its fairness
-    figures and throughput, for the side-by-side printout."""
-    policy_cfg = compose_config([f"policy={policy_name}"]).policy
-    timeline = simulate(trace, instantiate(policy_cfg, _convert_="all"), cost, engine, cluster)
+    figures and throughput, for the side-by-side printout. Under `global_vtc` a policy without
+    per-client counters shares one queue across the replicas instead (`central`)."""
+    policy = instantiate(compose_config([f"policy={policy_name}"]).policy, _convert_="all")
+    if cluster is not None and cluster.dispatcher == "global_vtc":
+        shares = isinstance(policy, CounterPolicy)
+        cluster = cluster if shares else dataclasses.replace(cluster, dispatcher="central")
+    timeline = simulate(trace, policy, cost, engine, cluster)
     requests, tokens = timeline.requests_frame(), timeline.tokens_frame()
     total = tick_span(timeline.info.get("end_time"))
-    return {"policy": policy_name, **fairness_summary(requests, tokens, total=total)}
+    dispatcher = {"dispatcher": cluster.dispatcher} if cluster is not None else {}
+    return {"policy": policy_name, **dispatcher, **fairness_summary(requests, tokens, total=total)}

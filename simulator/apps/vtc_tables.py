@@ -1,4 +1,4 @@
-"""The VTC paper's fairness tables (reference.md), re-measured on the simulator.
+"""The VTC paper's fairness tables (Tables 2-6), re-measured on the simulator.
 
 `fairsim-vtc-tables` runs every row and prints the measured Max Diff / Avg Diff / Diff Var /
 throughput next to the paper's. Each row is an experiment config plus a policy, with no per-row

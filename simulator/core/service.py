@@ -29,7 +29,7 @@ class LinearService:
 
 
 class ProfiledService:
-    """The VTC paper's profiled GPU time per request in ms (Appendix B.2, engine.md section 4):
+    """The VTC paper's profiled GPU time per request in ms (its Appendix B.2):
     h(x, y) = 0.21001891 x + 0.10075395 y + 0.0039868 x y + 0.00324733 y^2 + 1.14601454.
     A fairness accounting function, not the engine's step time."""
 

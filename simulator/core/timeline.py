@@ -85,7 +85,7 @@ class TokenRuns:
 
     def __init__(self) -> None:
         self._open: dict[int, tuple[int, int, int]] = {}  # row -> (index, replica, tick)
-        self._cols = {name: array("q") for name in self.NAMES}
+        self._closed: list[tuple[int, int, int, int, int]] = []  # runs in NAMES order
         self._added: list[dict[str, np.ndarray]] = []
 
     def open(self, req: int, index: int, replica: int, tick: int) -> None:
@@ -98,8 +98,7 @@ class TokenRuns:
         run = self._open.pop(req, None)
         if run is not None:
             index, replica, tick = run
-            for name, v in zip(self.NAMES, (req, index, generated - index, replica, tick)):
-                self._cols[name].append(v)
+            self._closed.append((req, index, generated - index, replica, tick))
 
     def close_all(self, generated: list[int]) -> None:
         for req in list(self._open):
@@ -123,8 +122,9 @@ class TokenRuns:
     def columns(self, clock_offsets: np.ndarray) -> dict[str, np.ndarray]:
         """Runs as columns row, index, count, tick, with ticks into the concatenated clocks
         (replica r's clock starts at `clock_offsets[r]`)."""
-        parts = [{n: np.frombuffer(self._cols[n], dtype=np.int64) for n in self.NAMES}]
-        cols = {n: np.concatenate([p[n] for p in parts + self._added]) for n in self.NAMES}
+        closed = np.array(self._closed, dtype=np.int64).reshape(-1, len(self.NAMES))
+        parts = [dict(zip(self.NAMES, closed.T, strict=True)), *self._added]
+        cols = {n: np.concatenate([p[n] for p in parts]) for n in self.NAMES}
         return {
             "row": cols["row"],
             "index": cols["index"],

@@ -87,9 +87,8 @@ class BlockPool:
 
     def admit(self, req: int, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> None:
         """Give a waiting request its first `tokens` tokens' blocks, the first `hit_blocks` from
-        the cache, keeping at least `reserve` blocks free (the caller checked `fits`)."""
-        if not self.fits(keys, hit_blocks, tokens, reserve):
-            raise RuntimeError(f"KV blocks: request {req} admitted without room (please report)")
+        the cache, keeping at least `reserve` blocks free (the caller checked `fits`; `check`
+        finds any imbalance)."""
         new = self.blocks_for(tokens) - hit_blocks
         self._reference(req, keys[:hit_blocks])
         self._take(new)
@@ -124,13 +123,15 @@ class BlockPool:
         """How many of the next `steps` one-token steps requests holding blocks for exactly
         `tokens[i]` tokens can all take before the free blocks run out (0: not even one)."""
         b, free = self.block_size, self.free
+        if free >= len(tokens) * (steps // b + 1):
+            return steps  # each needs at most steps // b + 1 blocks
         first = [(-t) % b + 1 for t in tokens]  # the step at which each starts a new block
 
         def need(j: int) -> int:
             return sum((j - f) // b + 1 for f in first if f <= j)
 
-        if free >= len(tokens) * (steps // b + 1) or need(steps) <= free:
-            return steps  # (each needs at most steps // b + 1 blocks)
+        if need(steps) <= free:
+            return steps
         if need(1) > free:
             return 0
         lo, hi = 1, steps  # need(lo) <= free < need(hi)
@@ -143,14 +144,15 @@ class BlockPool:
         """Requests holding blocks for exactly `tokens[i]` tokens each compute one more token in
         each of `steps` steps (`decode_steps_that_fit` said they fit): take their new blocks and
         return the KV tokens in use after each step."""
-        b = self.block_size
+        b, held = self.block_size, self.held
         grown = [0] * (steps + 1)  # blocks newly taken at each step
         for r, t in zip(rows, tokens, strict=True):
-            f = (-t) % b + 1
-            while f <= steps:
-                grown[f] += 1
-                f += b
-            self.held[r] = -(-(t + steps) // b)
+            f = (-t) % b + 1  # the step at which it starts a new block
+            if f <= steps:
+                held[r] = -(-(t + steps) // b)
+                while f <= steps:
+                    grown[f] += 1
+                    f += b
         in_use = [u * b for u in accumulate(grown[1:], initial=self.used)][1:]
         self._take(sum(grown))
         return in_use

@@ -21,7 +21,6 @@ timeline is exactly the one an offline run of the same arrivals gives.
 from __future__ import annotations
 
 import copy
-import gc
 import time as wallclock
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -246,15 +245,7 @@ class Runner:
         moved.succeed()
         if until is not None and until <= self.env.now:
             return
-        # engine loops allocate many short-lived objects and no reference cycles: the cyclic
-        # collector only costs time (about 6% of a run), so it is paused while simulating
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            self.env.run(until)
-        finally:
-            if collecting:
-                gc.enable()
+        self.env.run(until)
 
     def _tick(self, now: float) -> None:
         """Report progress about once a second of wall time (replicas call this every loop)."""

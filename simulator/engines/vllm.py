@@ -149,6 +149,7 @@ class DecodeRunPlan(Plan):
     """Fast-forward: every running request decodes one token in each of len(ends) steps."""
 
     rows: list[int]
+    tokens: list[int]  # tokens each holds KV for before the run
 
 
 class VLLMReplica:
@@ -255,11 +256,16 @@ class VLLMReplica:
             rows, new, i = list(running), [1] * n_run, n_run
             budget -= n_run
             known = n_run
+        held, size = pool.held, cfg.block_size
         while i < len(running) and budget > 0:
             r = running[i]
-            # a prompt takes the chunk the budget leaves; a decode one token
-            n = min(prompt[r] + gen[r] - computed[r], budget) if r in prefilling else 1
-            if not pool.grow(r, computed[r] + n):
+            if r in prefilling:  # a prompt takes the chunk the budget leaves
+                n = min(prompt[r] + gen[r] - computed[r], budget)
+                fits = pool.grow(r, computed[r] + n)
+            else:  # a decode takes one token, and a new block only when its last one is full
+                n = 1
+                fits = computed[r] < held[r] * size or pool.grow(r, computed[r] + 1)
+            if not fits:
                 i, budget, dropped = self._make_room(r, n, i, rows, new, budget)
                 preempted += dropped
                 if r not in running:
@@ -390,26 +396,33 @@ class VLLMReplica:
         n = len(rows)
         computed, gen, out = self.req.computed, self.state.generated, self._output
         tokens = [computed[r] for r in rows]
-        until_finish = min(out[r] - gen[r] for r in rows)
-        k = self.pool.decode_steps_that_fit(tokens, min(until_finish, MAX_RUN_STEPS))
+        until_finish = MAX_RUN_STEPS
+        for r in rows:
+            left = out[r] - gen[r]
+            if left < until_finish:
+                until_finish = left
+        k = self.pool.decode_steps_that_fit(tokens, until_finish)
         if not k:
             return None
-        context = n + sum(tokens)  # tokens the first step attends to
-        ends = self._decode_ends(n, context, k)
         nxt = np.inf if n >= cfg.max_num_seqs else self.feed.next_time()  # admissible arrival
+        horizon = np.inf if cfg.horizon is None else cfg.horizon
+        ends = self._decode_ends(n, n + sum(tokens), k, min(nxt, horizon, frontier))
         k = run_length(ends, next_arrival=nxt, horizon=cfg.horizon, frontier=frontier)
-        return DecodeRunPlan(self.now, ends[:k], float(ends[k - 1]), rows)
+        return DecodeRunPlan(self.now, ends[:k], float(ends[k - 1]), rows, tokens)
 
-    def _decode_ends(self, n: int, context: int, k: int) -> np.ndarray:
-        """End times of k decode steps of n requests from now (context: the tokens the first
-        attends to, n more each step). Short runs are timed step by step in floats, long ones
-        as arrays; both add the same step times in the same order."""
+    def _decode_ends(self, n: int, context: int, k: int, cut: float) -> np.ndarray:
+        """End times of up to k decode steps of n requests from now (context: the tokens the
+        first attends to, n more each step); short runs stop timing steps once one ends at or
+        after `cut` (nothing later can be taken). Short runs are timed step by step in floats,
+        long ones as arrays; both add the same step times in the same order."""
         cost = self.cost
         if k <= SHORT_RUN_STEPS:
             end, short = self.now, []
             for j in range(k):  # the same additions, in the same order, as the cumsum below
                 end += cost.decode_time(n, context + n * j)
                 short.append(end)
+                if end >= cut:
+                    break
             return np.array(short)
         ends = cost.decode_times(n, context + n * np.arange(k, dtype=np.int64))
         ends[0] += self.now  # now + t0, then + t1, ...: the scalar loop's additions
@@ -437,7 +450,7 @@ class VLLMReplica:
         else:
             feed.ingest(last)
         computed, gen, out = self.req.computed, state.generated, self._output
-        kv = self.pool.decode(rows, [computed[r] for r in rows], k)
+        kv = self.pool.decode(rows, plan.tokens, k)
         finished = []
         for r in rows:
             computed[r] += k

@@ -1,4 +1,4 @@
-"""Fairness metrics (spec: metrics.md section 4; the VTC paper's section 5.1 and its artifact).
+"""Fairness metrics (docs/metrics.md §4; the VTC paper's section 5.1 and its artifact).
 
 Pure functions of a run's public tables. A request's service h(prompt, output) (linear w_p = 1,
 w_q = 2 unless given) is spread uniformly over [first token, last token], as the artifact did, so

@@ -1,4 +1,4 @@
-"""Etalon's fluidity-index and the rates derived from it (spec: metrics.md section 2).
+"""Etalon's fluidity-index and the rates derived from it (docs/metrics.md §2).
 
 A request's inter-token list is [t_1 - arrival, t_2 - t_1, ...]. Every token has a deadline
 (D_p for the first, D_d for the rest); a token that beats its deadline banks the difference as

@@ -1,4 +1,4 @@
-"""FairServe's metrics (metrics.md §5): pure functions of `requests.parquet`.
+"""FairServe's metrics (docs/metrics.md §5): pure functions of `requests.parquet`.
 
 An interaction is the calls sharing an `interaction_id` (a request without one is an interaction
 of one call). A call is *throttled* when the policy rejected it, by a rule (`rpm_limit`,

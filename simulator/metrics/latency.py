@@ -1,4 +1,4 @@
-"""Latency, throughput and QoE metrics (spec: metrics.md sections 1 and 3), pure functions of a
+"""Latency, throughput and QoE metrics (docs/metrics.md §1 and 3), pure functions of a
 run's public tables (`requests`, `tokens`, `steps` as written to the run folder), so the same
 functions score a fresh `Timeline` and a reloaded run.
 
@@ -43,7 +43,8 @@ def inter_token_gaps(
     requests: pd.DataFrame, tokens: pd.DataFrame, completed_only: bool = True
 ) -> tuple[pd.DataFrame, Ragged]:
     """Per request that emitted tokens: its facts (request_id, client, arrival, prompt_len) and
-    its inter-token list [t_1 - arrival, t_2 - t_1, ...] (metrics.md, the input of every metric).
+    its inter-token list [t_1 - arrival, t_2 - t_1, ...] (docs/metrics.md, the input of every
+    metric).
     By default only completed requests, as Etalon and Veeksha score them."""
     ids, counts, times = _grouped_tokens(tokens)
     req = requests.set_index("request_id").loc[ids]
@@ -196,13 +197,13 @@ def andes_qoe(
     expected_ttft: float = 1.0,
     reading_speed: float = 5.0,
 ) -> pd.Series:
-    """Andes QoE per request with tokens (metrics.md section 3, its discrete form).
+    """Andes QoE per request with tokens (docs/metrics.md §3, its discrete form).
 
     The user expects token i at T*_i = arrival + expected_ttft + i / reading_speed and reads no
     faster than `reading_speed` tokens/s, so token i is consumed at
     A_i = max(t_{i+1}, A_{i-1} + 1/speed) (A_0 = max(t_1, T*_0)).
     QoE = 1 - sum(max(0, A_i - T*_i)) / sum(A_i - arrival). This is the token-sum form of
-    metrics.md, not the paper's continuous areas between delivery curves.
+    docs/metrics.md, not the paper's continuous areas between delivery curves.
     Unrolled, A_i - T*_i = max(0, max_{k<=i}(t_{k+1} - k/speed) - T*_0), a running maximum.
     """
     if expected_ttft < 0 or not reading_speed > 0:

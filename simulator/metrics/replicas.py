@@ -1,7 +1,8 @@
 """Metrics of the vLLM-style engine and of clusters: preemptions, prefix-cache hits, per replica.
 
-Pure functions of the run folder's tables (requests.parquet gains `replica`, `preemptions` and
-`cached_tokens`; steps.parquet gains `replica` and `preempted` under engine=vllm).
+Pure functions of the run folder's tables: requests.parquet and steps.parquet carry `replica`
+(and steps `preempted`) for every engine; requests.parquet has `preemptions` and `cached_tokens`
+under engine=vllm.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def per_replica(
 ) -> list[dict[str, Any]]:
     """One record per replica: requests it ran, completions, output tokens, token throughput
     (prompt + output of its completed requests over its last finish), TTFT mean and p99,
-    preemptions, KV utilisation. Requests never admitted under a shared queue have replica -1
-    and are left out."""
+    preemptions (0 for an engine that never preempts), KV utilisation. Requests never admitted
+    under a shared queue have replica -1 and are left out."""
     out = []
     replica_of = requests.set_index("request_id").replica
     token_replica = replica_of.reindex(tokens.request_id).to_numpy()
@@ -58,7 +59,7 @@ def per_replica(
                 "throughput_tokens_per_s": latency.token_throughput(r),
                 "ttft_mean": float(ttft.mean()) if ttft.size else float("nan"),
                 "ttft_p99": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
-                "preemptions": int(r.preemptions.sum()),
+                "preemptions": int(r.preemptions.sum()) if "preemptions" in r else 0,
                 "kv_utilisation": latency.kv_utilisation(steps[steps.replica == rep], pool_tokens),
                 "steps": int((steps.replica == rep).sum()),
             }

@@ -1,4 +1,4 @@
-"""SLOs in Veeksha's form and its `slo_results.json` (metrics.md section 6).
+"""SLOs in Veeksha's form and its `slo_results.json` (docs/metrics.md §6).
 
 An SLO is (metric, percentile, threshold). The observed value is the numpy-linear percentile of
 the request-level values (percentile <= 0: the minimum, >= 1: the maximum). It is met when it

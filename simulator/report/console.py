@@ -79,13 +79,19 @@ def format_fairness(summary: dict[str, Any]) -> str:
     """Per-client service and the VTC paper's fairness figures, beside the comparison policy's."""
     policy = summary["config"].get("policy", {}).get("_target_", "policy").rsplit(".", 1)[-1]
     runs = [(policy, summary["fairness"])]
-    if "comparison" in summary:
-        runs.append((summary["comparison"]["policy"].upper(), summary["comparison"]))
-    head = f"{'fairness (w_p=1, w_q=2)':<28}" + "".join(f"{name:>14}" for name, _ in runs)
+    other = summary.get("comparison")
+    if other is not None:
+        name = other["policy"].upper()
+        ours = summary["config"].get("cluster", {}).get("dispatcher")
+        if other.get("dispatcher", ours) != ours:  # e.g. FCFS on one shared queue
+            name += f" ({other['dispatcher']})"
+        runs.append((name, other))
+    width = max(14, *(len(name) + 2 for name, _ in runs))
+    head = f"{'fairness (w_p=1, w_q=2)':<28}" + "".join(f"{name:>{width}}" for name, _ in runs)
     lines = [head, "-" * len(head)]
     clients = list(runs[0][1]["service_per_client"])
     for c in clients:
-        cells = "".join(f"{f['service_per_client'].get(c, 0.0):>14.0f}" for _, f in runs)
+        cells = "".join(f"{f['service_per_client'].get(c, 0.0):>{width}.0f}" for _, f in runs)
         lines.append(f"{'service ' + c:<28}" + cells)
     lines.append(f"{'  (received by t = ' + _fmt(runs[0][1]['service_until'], 0) + ' s)':<28}")
     for key, label in (
@@ -95,9 +101,9 @@ def format_fairness(summary: dict[str, Any]) -> str:
         ("throughput_tokens_per_s", "throughput (tok/s)"),
         ("rejected", "rejected requests"),
     ):
-        lines.append(f"{label:<28}" + "".join(f"{_fmt(f[key], 2):>14}" for _, f in runs))
+        lines.append(f"{label:<28}" + "".join(f"{_fmt(f[key], 2):>{width}}" for _, f in runs))
     lines.append(
-        "Max/Avg Diff: the paper's service difference over 60 s windows (metrics.md section 4)"
+        "Max/Avg Diff: the paper's service difference over 60 s windows (docs/metrics.md §4)"
     )
     return "\n".join(lines)
 

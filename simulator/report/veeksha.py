@@ -1,4 +1,4 @@
-"""Veeksha-compatible metric files in `<run folder>/metrics/` (metrics.md section 7).
+"""Veeksha-compatible metric files in `<run folder>/metrics/` (docs/metrics.md §7).
 
 So that tools written for Veeksha's performance evaluator read a fairsim run unchanged. In the
 simulator a request is dispatched the moment it arrives, so `scheduler_ready_at` and
