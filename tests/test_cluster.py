@@ -229,3 +229,25 @@ def test_global_vtc_on_slora_replicas_bounds_the_service_difference_and_fcfs_doe
     assert service_gap(fair, "a", "b", until / 2) < bound
     half, full = service_gap(fcfs, "a", "b", until / 2), service_gap(fcfs, "a", "b", until)
     assert full > bound and full > 1.6 * half  # FCFS: past the bound and still growing
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 1000),
+    dispatcher=st.sampled_from(["round_robin", "client_affinity"]),
+    pool=st.sampled_from([800, 20_000]),
+)
+def test_static_slora_replicas_fast_forward_like_stepping(seed, dispatcher, pool):
+    """Statically dispatched replicas run alone, with fast-forward: the same timeline."""
+    tr = random_trace(seed=seed, n=90, clients=3, max_prompt=200, max_output=80, rate=30.0)
+    cluster = ClusterConfig(2, dispatcher)
+    fast = simulate(tr, VTC(), a10g_cost(), SLoRAConfig(pool_tokens=pool), cluster)
+    slow = simulate(
+        tr, VTC(), a10g_cost(), SLoRAConfig(pool_tokens=pool, fast_forward=False), cluster
+    )
+    assert fast.requests_frame().equals(slow.requests_frame())
+    for a, b in zip(fast.token_times(), slow.token_times(), strict=True):
+        assert np.array_equal(a, b)
+    for key in fast.steps:
+        assert np.array_equal(fast.steps[key], slow.steps[key]), key
+    assert fast.counters.equals(slow.counters)

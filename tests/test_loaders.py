@@ -280,6 +280,7 @@ def test_servegen_pmfs_are_parsed_as_literals_never_evaluated(tmp_path):
 
 # ---- real files (skip without ../shared/data) --------------------------------------------------
 def test_real_azure_and_vidur_files():
+    # row counts and means of the files as published (read once with pandas, not the loaders)
     code = load_azure(shared_file("azure2023/code.csv"))
     conv = load_azure(shared_file("azure2023/conv.csv"))
     vidur = load_vidur(shared_file("azure2023/conv_vidur_format.csv"))
@@ -294,6 +295,7 @@ def test_real_azure_and_vidur_files():
 
 
 def test_real_vtc_etalon_and_servegen_files():
+    # row and client counts of the files as published (counted once with pandas and tarfile)
     vtc = load_vtc_real(shared_file("vtc/real_trace.csv"))
     assert len(vtc) == 1500 and vtc.num_clients == 27
     rows = [

@@ -41,9 +41,11 @@ class RequestState:
         self.reason[req] = reason
         self.ended += 1
 
-    def complete(self, req: int, now: float) -> None:
-        self.finished_at[req] = now
-        self.status[req] = COMPLETED
-        self.reason[req] = None
-        self.generated[req] = self.output[req]
-        self.ended += 1
+    def complete(self, rows: list[int], now: float) -> None:
+        """These requests produced their last token at `now`."""
+        for req in rows:
+            self.finished_at[req] = now
+            self.status[req] = COMPLETED
+            self.reason[req] = None
+            self.generated[req] = self.output[req]
+        self.ended += len(rows)

@@ -151,7 +151,7 @@ class Runner:
         state.reason[req] = "queued"
         queue.push(req)
         if self.coupled:
-            self.queued(replica)
+            self.queued(replica, now)
 
     def _release(self, req: int, t: float) -> None:
         feed = self._feeds[0] if self.coupled else self._feeds[self._target(req)]
@@ -189,9 +189,7 @@ class Runner:
         self._end(req, now, REJECTED, reason)
 
     def finish(self, replica: int, rows: list[int], now: float) -> None:
-        state = self.state
-        for r in rows:
-            state.complete(r, now)
+        self.state.complete(rows, now)
         policy = self.replicas[replica].policy
         if Finished in policy.charged:
             for r in rows:
@@ -209,12 +207,13 @@ class Runner:
         if nxt is not None:
             self._release(nxt[0], now + nxt[1])
 
-    def queued(self, replica: int) -> None:
-        """Wake the replicas that may pull from `replica`'s queue."""
+    def queued(self, replica: int, now: float) -> None:
+        """Wake the replicas that may pull from `replica`'s queue: they resume at `now` exactly
+        (SimPy's clock adds relative delays, so it may differ from `now` in the last bit)."""
         for i in range(len(self.replicas)) if self.dispatcher.shared else (replica,):
             wake = self._wake[i]
             if wake is not None and not wake.triggered:
-                wake.succeed()
+                wake.succeed(now)
 
     # ---- running ----------------------------------------------------------------------------
     def run(self) -> Timeline:
@@ -315,7 +314,7 @@ class Runner:
             rep.apply(plan)
         return BUSY
 
-    def _coupled(self, rep: StepModel) -> Generator[simpy.Event, None, None]:
+    def _coupled(self, rep: StepModel) -> Generator[simpy.Event, float, None]:
         """Coupled replicas: decide at a step's start, apply at its end, one step at a time."""
         env, feed = self.env, self._feeds[rep.index]
         while True:
@@ -326,15 +325,13 @@ class Runner:
             plan = rep.schedule(self.frontier)
             if plan is None:
                 wake = self._wake[rep.index] = env.event()
-                yield wake
+                rep.now = yield wake  # the time of the arrival (or preemption) that woke it
                 self._wake[rep.index] = None
-                rep.now = env.now
                 continue
             # simulated time reaches plan.end only once the frontier has passed it
             yield env.timeout(max(0.0, plan.end - env.now))
-            rep.apply(plan)
+            rep.apply(plan)  # now = plan.end
             yield env.timeout(0)  # every replica applies its step before any decides
-            rep.now = env.now
 
     def _arrivals(self) -> Generator[simpy.Event, None, None]:
         """Coupled replicas: deliver arrivals while every replica is idle."""

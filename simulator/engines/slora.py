@@ -39,9 +39,9 @@ from simulator.engines.step_model import (
     Host,
     Plan,
     StepModel,
-    ask_admission,
     check_horizon,
     check_integers,
+    settle,
 )
 from traces.schema import Trace
 
@@ -235,10 +235,10 @@ class SLoRAReplica:
                 break
             p, o, c = self._prompt[req], self._output[req], self._client_of[req]
             fits = self._fits(fit, clients, p, o, c, tokens, len(batch))
-            answer = ask_admission(policy, queue, self.host, req, now, fits)
-            if answer is None:
-                continue
-            if answer is not ADMIT:
+            verdict = policy.admit(req, now, fits)
+            if verdict is not ADMIT or not fits:
+                if settle(policy, queue, self.host, req, now, fits, verdict):
+                    continue
                 break
             queue.remove(req)
             batch.append(req)

@@ -13,14 +13,14 @@ builds the replicas and says which requests they can never serve.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from cost_models.base import StepCostModel
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import RequestState
-from simulator.core.seam import ADMIT, WAIT, Drop, Policy, Verdict
+from simulator.core.seam import ADMIT, Drop, Policy
 from simulator.core.timeline import StepRecorder, TokenRuns
 from simulator.engines.arrivals import Arrivals
 from traces.schema import Trace
@@ -49,22 +49,18 @@ def check_horizon(horizon: float | None) -> None:
         raise ValueError(f"engine.horizon must be null or a number > 0, got {horizon!r}")
 
 
-def ask_admission(
-    policy: Policy, queue: WaitingQueue, host: Host, req: int, now: float, fits: bool
-) -> Verdict | None:
-    """Ask the policy about the request it picked, whose fit the engine tested. ADMIT: it joins
-    the step (the caller takes it out of the queue); WAIT: batch forming ends; None: the policy
-    dropped it (now rejected), pick again."""
-    verdict = policy.admit(req, now, fits)
-    if verdict is ADMIT:
-        if not fits:
-            raise RuntimeError(f"policy {policy.name} admitted a request that does not fit")
-        return ADMIT
+def settle(
+    policy: Policy, queue: WaitingQueue, host: Host, req: int, now: float, fits: bool, verdict: Any
+) -> bool:
+    """Carry out an `admit` answer other than ADMIT-and-fits. True: the policy dropped the
+    request (now rejected), pick again; False: batch forming ends (WAIT, or a stopping drop)."""
+    if verdict is ADMIT:  # (and it does not fit)
+        raise RuntimeError(f"policy {policy.name} admitted a request that does not fit")
     if isinstance(verdict, Drop):
         queue.remove(req)
         host.reject(req, now, verdict.reason)
-        return WAIT if verdict.stop else None
-    return WAIT
+        return not verdict.stop
+    return False
 
 
 class Host(Protocol):
@@ -87,8 +83,9 @@ class Host(Protocol):
         """The policy dropped a waiting request: it leaves as rejected."""
         ...
 
-    def queued(self, replica: int) -> None:
-        """The replica put a request back into its queue (a preemption): wake who may pull it."""
+    def queued(self, replica: int, now: float) -> None:
+        """The replica put a request back into its queue at `now` (a preemption): wake who may
+        pull it."""
         ...
 
 
