@@ -132,6 +132,8 @@ def test_bad_pushes_are_clear_errors():
         runner.push([0], [2.0])
     with pytest.raises(ValueError, match="not a first arrival"):
         runner.push([1], [2.0])
+    with pytest.raises(ValueError, match="not a first arrival"):
+        runner.push([7], [2.0])
     runner.run_until(3.0)
     with pytest.raises(ValueError, match="before the frontier"):
         runner.push([0], [2.5])

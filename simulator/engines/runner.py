@@ -166,13 +166,16 @@ class Runner:
     def push(self, rows: Sequence[int], times: Sequence[float] | None = None) -> None:
         """Make trace rows arrive at `times` (default: their trace times), each at or after
         the frontier. Only for a runner made with `pushed=True`; chained calls are still
-        released by the runner when their predecessor ends."""
+        released by the runner when their predecessor ends. A static dispatcher assigns
+        pushed rows in the order they are pushed."""
         if not self.pushed:
             raise ValueError("Runner.push needs a runner made with pushed=True")
-        at = self.trace.arrival[list(rows)] if times is None else np.asarray(times, float)
-        for req, t in zip(rows, at.tolist(), strict=True):
+        rows = [int(r) for r in rows]
+        for req in rows:
             if not 0 <= req < len(self.trace) or req in self._chained:
                 raise ValueError(f"push: row {req} is not a first arrival of the trace")
+        at = self.trace.arrival[rows] if times is None else np.asarray(times, float)
+        for req, t in zip(rows, at.tolist(), strict=True):
             if not t >= self.frontier:
                 raise ValueError(f"push: arrival at {t} s is before the frontier {self.frontier} s")
             if req in self._pushed:
