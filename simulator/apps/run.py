@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +72,32 @@ def simulate_config(cfg: DictConfig, trace: Trace | None = None) -> Timeline:
     return simulate(build_trace(cfg) if trace is None else trace, policy, cost, engine, cluster)
 
 
+class PhaseTimer:
+    """Wall time of each phase of a run, logged at DEBUG level on the `fairsim.timing` logger
+    (`fairsim hydra.verbose=fairsim.timing` prints it; bench/cli_end_to_end.py reads it)."""
+
+    def __init__(self) -> None:
+        self.log = logging.getLogger("fairsim.timing")
+        self.log.debug("phase start at %.6f", time.time())
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.log.debug("phase %s %.6f", phase, time.perf_counter() - start)
+
+
 def run_config(
     cfg: DictConfig, out_dir: str | Path, progress: Progress | None = None
 ) -> tuple[Timeline, RunOutputs]:
     """Instantiate everything named in a composed config, run it, write the run folder."""
-    trace = build_trace(cfg)
-    policy, cost, engine, cluster = instantiate_parts(cfg)
-    raw_slos = cfg.get("slos")
-    slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
-    unfit_counts = unfit(trace, engine, cost)
+    phase = PhaseTimer()
+    with phase("load"):
+        trace = build_trace(cfg)
+        policy, cost, engine, cluster = instantiate_parts(cfg)
+        raw_slos = cfg.get("slos")
+        slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
+        unfit_counts = unfit(trace, engine, cost)
     if unfit_counts:
         counts = ", ".join(f"{n} {reason}" for reason, n in unfit_counts.items())
         print(
@@ -85,15 +105,19 @@ def run_config(
             f"engine and will be refused ({counts})",
             file=sys.stderr,
         )
-    timeline = simulate(trace, policy, cost, engine, cluster, progress)
+    with phase("simulate"):
+        timeline = simulate(trace, policy, cost, engine, cluster, progress)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    outputs = write_run(timeline, out_dir, resolved)
+    with phase("run folder"):
+        outputs = write_run(timeline, out_dir, resolved)
     outputs.summary["unfit_requests"] = unfit_counts
     if cfg.get("qoe"):
-        add_qoe(cfg, outputs, out_dir, cost, engine, slos)
+        with phase("qoe"):
+            add_qoe(cfg, outputs, out_dir, cost, engine, slos)
     other = cfg.get("compare_with")
     if other and other != policy.name:
-        outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster)
+        with phase("comparison"):
+            outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster)
     Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
     return timeline, outputs
 

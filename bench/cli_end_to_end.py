@@ -1,0 +1,107 @@
+"""The whole `fairsim` command, as a user runs it, in a subprocess: wall time, peak memory, and
+where the time goes.
+
+`--workload azure` (default) runs Vidur's Azure conversation workload on 2 replicas of the
+vLLM-style engine (Llama-2-7B / A100-80GB, Vidur operator profile), FCFS, no comparison run,
+every default output (run folder, QoE summary, Veeksha files). `--workload core` runs the core
+benchmark's 100,000-request S-LoRA workload through the CLI. Target (issue 25, azure): <= 5 s
+and <= 500 MB for the whole process.
+
+The split comes from the CLI's own phase log (`hydra.verbose=fairsim.timing`): start-up (process
+start to the run starting: interpreter, imports, Hydra), then each phase of `run_config`. The
+azure workload needs ../shared/data (or --path). Prints one JSON object last.
+
+Usage: python bench/cli_end_to_end.py [--workload azure|core] [--path CSV] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AZURE = ROOT.parent / "shared/data/azure2023/conv_vidur_format.csv"
+WORKLOADS = {
+    "azure": [
+        "engine=vllm",
+        "cost_model=vidur_profile",
+        "cost_model.gpu=a100-80gb",
+        "workload=vidur",
+        "cluster.replicas=2",
+        "policy=fcfs",
+        "compare_with=null",
+        "progress=false",
+    ],
+    "core": [  # bench/core_throughput.py's workload: 100,000 requests at 2.4/s, 80k-token pool
+        "workload=poisson_chat",
+        "workload.rate_scale=2.4",
+        "workload.duration=41666.67",
+        "engine.pool_tokens=80000",
+        "engine.batch_max_tokens=8192",
+        "policy=fcfs",
+        "compare_with=null",
+        "progress=false",
+    ],
+}
+PHASE = re.compile(r"phase (.+?) ([0-9.]+)$")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="azure")
+    ap.add_argument("--path", type=Path, default=AZURE, help="azure: the trace in Vidur's format")
+    ap.add_argument("--keep", type=Path, help="write the run folder here (default: a temp dir)")
+    args = ap.parse_args()
+    overrides = list(WORKLOADS[args.workload])
+    if args.workload == "azure":
+        if not args.path.exists():
+            sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")
+        overrides.append(f"workload.path={args.path}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or Path(tmp) / "run"
+        command = [
+            sys.executable,
+            "-c",
+            "from simulator.apps.cli import main; main()",
+            *overrides,
+            f"hydra.run.dir={folder}",
+            "hydra.verbose=fairsim.timing",
+        ]
+        spawned = time.time()
+        t0 = time.perf_counter()
+        res = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"fairsim failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    log = res.stdout + res.stderr
+    phases: dict[str, float] = {}
+    for line in log.splitlines():
+        m = PHASE.search(line)
+        if m:
+            name, value = m.group(1), float(m.group(2))
+            if name == "start at":
+                phases["start-up"] = value - spawned
+            else:
+                phases[name] = phases.get(name, 0.0) + value
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "wall_s": round(wall, 3),
+                "peak_mb": round(peak_mb, 1),
+                **{f"{k.replace(' ', '_')}_s": round(v, 3) for k, v in phases.items()},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
