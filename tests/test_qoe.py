@@ -230,11 +230,7 @@ def test_veeksha_files_and_health_checks(tmp_path):
 def test_prefill_stats_reference_vector():
     from simulator.report.veeksha import prefill_stats
 
-    rows = [
-        {"num_delta_prompt_tokens": p, "ttfc": t}
-        for p, t in ((8, 0.10), (8, 0.20), (16, 0.30), (16, 0.40))
-    ]
-    groups = prefill_stats(rows)["groups"]
+    groups = prefill_stats(np.array([8, 16, 8, 16]), np.array([0.10, 0.30, 0.20, 0.40]))["groups"]
     assert groups["8"]["mean"] == pytest.approx(0.15)
     assert groups["16"]["mean"] == pytest.approx(0.35)
 

@@ -26,7 +26,7 @@ from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
 from simulator.metrics.prefill_curve import fit_prefill_curve
-from simulator.metrics.qoe import QoEConfig, qoe_summary, request_values
+from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
 from simulator.report.run_folder import RunOutputs, json_safe, write_run
 from simulator.report.veeksha import write_veeksha_metrics
@@ -137,7 +137,8 @@ def add_qoe(
     if qoe_cfg.ttft_deadline is None:
         curve = fit_prefill_curve(profile_prefill(cost, engine))
     r, t = outputs.requests, outputs.tokens
-    outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve))
+    flu = request_fluidity(r, t, qoe_cfg, curve)
+    outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve, flu))
     if cfg.get("veeksha_metrics", True):
         workload = instantiate(cfg.workload, _convert_="all")
         rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
@@ -151,9 +152,10 @@ def add_qoe(
             slos,
             rate,
             fluid_token_rate=outputs.summary["qoe"]["fluid_token_rate"],
+            fluidity_table=flu,
         )
     else:
-        results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve))
+        results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve, flu))
     outputs.summary["slo_results"] = json_safe(results)
 
 

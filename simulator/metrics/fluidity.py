@@ -57,8 +57,7 @@ class Ragged:
     def take(self, rows: np.ndarray) -> Ragged:
         """The lists of `rows` (repeats allowed), in that order."""
         lengths = self.lengths[rows]
-        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        return Ragged(self.values[np.repeat(self.offsets[rows], lengths) + within], lengths)
+        return Ragged(self.values[ranges(self.offsets[rows], lengths)], lengths)
 
     def drop_first(self) -> Ragged:
         """Each list without its first entry (Etalon's `should_ignore_first_token`)."""
@@ -218,19 +217,154 @@ def miss_rate_at_tbt_targets(
     exact: bool = False,
 ) -> pd.DataFrame:
     """For each target D_d, the `quantile` over requests of the per-request miss rate
-    (decode gaps only). Several targets share one lock-step pass, within a memory budget."""
+    (decode gaps only)."""
     targets = np.asarray(targets, dtype=np.float64)
-    n, k = decode_gaps.lengths.shape[0], targets.shape[0]
-    if n == 0:
+    if decode_gaps.lengths.shape[0] == 0:
         return pd.DataFrame({"tbt_deadline": targets, "miss_rate": np.nan})
-    per_chunk = max(1, LOCK_STEP_VALUES // max(int(decode_gaps.lengths.sum()), 1))
-    rates = np.empty((k, n))
-    for lo in range(0, k, per_chunk):
-        chunk = targets[lo : lo + per_chunk]
-        rows = np.tile(np.arange(n), chunk.shape[0])
-        repeated = decode_gaps.take(rows)
-        missed, total = deadline_counts(repeated, 0.0, np.repeat(chunk, n), exact, False)
-        rates[lo : lo + chunk.shape[0]] = _rate(missed, total).reshape(chunk.shape[0], n)
+    rates = decode_miss_rates(decode_gaps, targets, exact)
     return pd.DataFrame(
         {"tbt_deadline": targets, "miss_rate": np.quantile(rates, quantile, axis=1)}
     )
+
+
+def decode_miss_rates(decode_gaps: Ragged, targets: np.ndarray, exact: bool = False) -> np.ndarray:
+    """Per target D_d (rows) and request (columns), the miss rate of its decode gaps, exactly as
+    `deadline_counts` (the token-by-token walk) gives it, without walking every token for every
+    target.
+
+    The walk's slack is a Lindley recursion: s_i = max(0, s_{i-1} + D - g_i). With Q_i = P_i -
+    (i + 1) D (P the prefix sums of the gaps) it is s_i = M_i - Q_i, M_i the running maximum of
+    Q (and 0), so a gap misses exactly when Q reaches a new maximum (a record), and then misses
+    1 + floor((Q_i - M_{i-1}) / D) deadlines. Q only rises at gaps longer than D, so the
+    records are found among those "candidates" alone: a small share of all (gap, target)
+    pairs. A request whose every gap is longer than D misses all it is judged on (rate 1).
+
+    The arithmetic is in integer nanoseconds, which is the exact convention itself. Under the
+    float convention a decision (hit or miss, and the floor) can differ from Etalon's float walk
+    only when it is within rounding of a tie; such (request, target) pairs are walked again
+    token by token, so the result is the walk's in both conventions.
+    """
+    lengths = decode_gaps.lengths
+    n, k = lengths.shape[0], targets.shape[0]
+    rates = np.zeros((k, n))
+    if n == 0 or decode_gaps.values.shape[0] == 0:
+        return rates
+    d_ns = np.rint(targets * NS_PER_S).astype(np.int64)
+    ns = np.rint(decode_gaps.values * NS_PER_S).astype(np.int64)
+    judged = ns if exact else decode_gaps.values  # what "longer than D_d" is decided on
+    first, has = decode_gaps.offsets, lengths > 0
+    shortest = np.full(n, np.inf)
+    shortest[has] = np.minimum.reduceat(judged, first[has])
+    order = np.argsort(shortest, kind="stable")  # requests join as D_d passes their shortest gap
+    prefix = np.concatenate(([0], np.cumsum(ns)))  # P of a gap: prefix[pos + 1] - prefix[first]
+    total = prefix[first + lengths] - prefix[first]
+    # Q of request r lies in [-(n_r + 1) D_max, P_r]: offsets this far apart, increasing in the
+    # order requests join, keep requests apart in one running maximum
+    span = (total + (lengths + 1) * int(d_ns.max()) + 1)[order]
+    if int(span.sum()) >= 1 << 62:
+        raise OverflowError("decode gaps too long for the integer walk; please report")
+    offset = np.empty(n, dtype=np.int64)
+    offset[order] = np.cumsum(span) - span
+    tolerance = int(lengths.max()) // 2 + 2  # ties the nanosecond rounding could move
+    cand = Candidates.empty()  # gaps of the requests that can hit, each request's a block
+    joined = 0
+    redo_rows: list[np.ndarray] = []
+    redo_targets: list[int] = []
+    for t in np.argsort(targets, kind="stable").tolist():  # increasing: candidates only shrink
+        d, d_judged = int(d_ns[t]), (d_ns[t] if exact else targets[t])
+        cand = cand.longer_than(d_judged)
+        can_hit = int(np.searchsorted(shortest[order], d_judged, side="right"))
+        if can_hit > joined:  # requests whose shortest gap is now <= D_d
+            rows = order[joined:can_hit]
+            pos = ranges(first[rows], lengths[rows])
+            req = np.repeat(rows, lengths[rows])
+            longer = judged[pos] > d_judged
+            pos, req = pos[longer], req[longer]
+            place = pos - first[req] + 1
+            p_at = prefix[pos + 1] - prefix[first[req]]
+            cand = cand.join(Candidates(judged[pos], req, place, p_at, offset[req]))
+            joined = can_hit
+        records, missed, near = cand.records(n, d, None if exact else tolerance)
+        row = rates[t]
+        row[order[can_hit:]] = has[order[can_hit:]]  # every gap longer than D_d: rate 1
+        mine = order[:can_hit]
+        judged_n = lengths[mine] - records[mine] + missed[mine]
+        row[mine] = np.divide(missed[mine], judged_n, out=np.zeros(can_hit), where=judged_n > 0)
+        if near.size:
+            redo_rows.append(near)
+            redo_targets.extend([t] * near.shape[0])
+    if redo_rows:  # the float walk decides the near-ties
+        rows = np.concatenate(redo_rows)
+        missed, judged_n = deadline_counts(
+            decode_gaps.take(rows), 0.0, targets[redo_targets], exact, first_is_prefill=False
+        )
+        rates[redo_targets, rows] = _rate(missed, judged_n)
+    return rates
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions start .. start + length - 1 of every range, one range after another."""
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(lengths) - lengths, lengths
+    )
+    return np.repeat(starts, lengths) + within
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Gaps that may miss at the current D_d, as columns: the value judged against D_d, the
+    request, the gap's place (1-based) within it, P there (ns) and the request's offset."""
+
+    judged: np.ndarray
+    request: np.ndarray
+    place: np.ndarray
+    prefix: np.ndarray
+    offset: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Candidates:
+        i = np.empty(0, dtype=np.int64)
+        return cls(np.empty(0), i, i, i, i)
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return (self.judged, self.request, self.place, self.prefix, self.offset)
+
+    def longer_than(self, d: float) -> Candidates:
+        keep = self.judged > d
+        return Candidates(*(col[keep] for col in self._columns()))
+
+    def join(self, other: Candidates) -> Candidates:
+        pairs = zip(self._columns(), other._columns(), strict=True)
+        return Candidates(*(np.concatenate(pair) for pair in pairs))
+
+    def records(
+        self, n: int, d: int, tolerance: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request: records and deadlines missed at D_d = d ns, and (given a tolerance: the
+        float convention) the requests with a decision within `tolerance` ns of a tie."""
+        records = np.zeros(n, dtype=np.int64)
+        missed = np.zeros(n, dtype=np.int64)
+        if self.request.shape[0] == 0:
+            return records, missed, np.empty(0, dtype=np.int64)
+        key = self.prefix - self.place * d + self.offset  # Q, moved to the request's offset
+        running = np.maximum.accumulate(key)
+        before = np.empty_like(running)
+        before[0] = self.offset[0]
+        before[1:] = running[:-1]
+        # the running maximum before each candidate, at least the request's start level 0 (an
+        # earlier request's values all lie below this one's offset, so they never count)
+        excess = key - np.maximum(before, self.offset)
+        record = excess > 0
+        at = self.request[record]
+        late = excess[record] // d  # each record misses 1 + this many
+        if at.shape[0]:
+            starts = np.flatnonzero(np.concatenate(([True], at[1:] != at[:-1])))
+            who = at[starts]
+            records[who] = np.diff(np.append(starts, at.shape[0]))
+            missed[who] = np.add.reduceat(late, starts) + records[who]
+        if tolerance is None:
+            return records, missed, np.empty(0, dtype=np.int64)
+        rem = excess[record] - late * d
+        floor_tie = (rem <= tolerance) | (rem >= d - tolerance)
+        tie = np.abs(excess) <= tolerance
+        return records, missed, np.unique(np.concatenate((self.request[tie], at[floor_tie])))

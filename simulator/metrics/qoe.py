@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.metrics import fluidity, latency
+from simulator.metrics import fluidity as etalon
+from simulator.metrics import latency
 from simulator.metrics.prefill_curve import PrefillCurve
 
 FLUIDITY_PERCENTILES = (1, 10, 50)  # low percentiles: the requests that stream worst
@@ -67,12 +68,14 @@ def request_values(
     tokens: pd.DataFrame,
     cfg: QoEConfig,
     curve: PrefillCurve | None = None,
+    fluidity: pd.DataFrame | None = None,
 ) -> dict[str, np.ndarray]:
-    """Request-level values of every SLO metric (completed requests; `tbc` pools the gaps)."""
+    """Request-level values of every SLO metric (completed requests; `tbc` pools the gaps).
+    `fluidity`: `request_fluidity` of these tables, when the caller has it already."""
     done = requests[requests.status == "completed"]
     done_tokens = tokens[tokens.request_id.isin(done.request_id)]
     lat = latency.per_request_latency(done, done_tokens, "veeksha")
-    flu = request_fluidity(done, done_tokens, cfg, curve)
+    flu = request_fluidity(done, done_tokens, cfg, curve) if fluidity is None else fluidity
     return {
         "ttfc": lat.ttft.to_numpy(),
         "tbc": latency.tbt_samples(done_tokens).tbt.to_numpy(),
@@ -99,14 +102,16 @@ def qoe_summary(
     tokens: pd.DataFrame,
     cfg: QoEConfig,
     curve: PrefillCurve | None = None,
+    fluidity: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
-    """The `qoe` block of summary.json (completed requests)."""
-    flu = request_fluidity(requests, tokens, cfg, curve)
+    """The `qoe` block of summary.json (completed requests). `fluidity`: `request_fluidity`
+    of these tables, when the caller has it already."""
+    flu = request_fluidity(requests, tokens, cfg, curve) if fluidity is None else fluidity
     facts, gaps = latency.inter_token_gaps(requests, tokens)
     per_client = {
         str(c): {
             **_fluidity_stats(g.fluidity.to_numpy()),
-            "miss_rate": fluidity.service_miss_rate(g.missed.to_numpy(), g.total.to_numpy()),
+            "miss_rate": etalon.service_miss_rate(g.missed.to_numpy(), g.total.to_numpy()),
         }
         for c, g in flu.groupby("client", observed=True, sort=True)
     }
@@ -129,10 +134,8 @@ def qoe_summary(
             "arithmetic": "exact (integer ns)" if cfg.exact else "etalon float",
         },
         "fluidity": _fluidity_stats(flu.fluidity.to_numpy()),
-        "service_miss_rate": fluidity.service_miss_rate(
-            flu.missed.to_numpy(), flu.total.to_numpy()
-        ),
-        "fluid_token_rate": fluidity.fluid_token_rate(gaps.drop_first(), cfg.exact),
+        "service_miss_rate": etalon.service_miss_rate(flu.missed.to_numpy(), flu.total.to_numpy()),
+        "fluid_token_rate": etalon.fluid_token_rate(gaps.drop_first(), cfg.exact),
         "fluidity_per_client": per_client,
         "andes_qoe": {
             "mean": float(qoe.mean()) if len(qoe) else None,

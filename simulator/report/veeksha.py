@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -40,66 +41,85 @@ def _distribution_row(values: np.ndarray) -> dict[str, float]:
     return {**row, "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean())}
 
 
-def request_level_rows(
-    requests: pd.DataFrame, tokens: pd.DataFrame, cfg: QoEConfig, curve: PrefillCurve | None
-) -> list[dict[str, Any]]:
-    """One Veeksha row per completed request, in arrival order."""
+def request_level_columns(
+    requests: pd.DataFrame,
+    tokens: pd.DataFrame,
+    cfg: QoEConfig,
+    curve: PrefillCurve | None,
+    fluidity_table: pd.DataFrame | None = None,
+) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """Veeksha's per-request fields of every completed request, in arrival order, as columns,
+    and each one's decode gaps (`tbc`). `fluidity_table`: `request_fluidity` of these tables,
+    when the caller has it already."""
     done = requests[requests.status == "completed"]
     done_tokens = tokens[tokens.request_id.isin(done.request_id)]
-    lat = latency.per_request_latency(done, done_tokens, "veeksha")
+    ids = done.request_id.to_numpy()
+    lat = latency.per_request_latency(done, done_tokens, "veeksha").reindex(ids)
     facts, gaps = latency.inter_token_gaps(done, done_tokens)
-    flu = request_fluidity(done, done_tokens, cfg, curve)
-    tbc = np.split(gaps.drop_first().values, np.cumsum(gaps.lengths - 1)[:-1])
-    tbc_of = dict(zip(facts.request_id.tolist(), tbc, strict=True))
-    rows = []
-    for r in done.itertuples(index=False):
-        rid = r.request_id
-        lat_r, flu_r = lat.loc[rid], flu.loc[rid]
-        rows.append(
-            {
-                "request_id": int(rid),
-                "session_id": str(r.client),
-                "scheduler_ready_at": float(r.arrival),
-                "scheduler_dispatched_at": float(r.arrival),
-                "client_picked_up_at": float(r.admitted_at),
-                "client_completed_at": float(r.finished_at),
-                "num_delta_prompt_tokens": int(r.prompt_len),
-                "num_total_prompt_tokens": int(r.prompt_len),
-                "num_output_tokens": int(r.tokens_emitted),
-                "num_requested_output_tokens": int(r.output_len),
-                "num_total_tokens": int(r.prompt_len + r.tokens_emitted),
-                "is_stream": True,
-                "tpot": float(lat_r.tpot),
-                "ttfc": float(lat_r.ttft),
-                "end_to_end_latency": float(lat_r.e2e),
-                "normalized_end_to_end_latency": float(lat_r.normalized_e2e),
-                "output_throughput": float(lat_r.output_throughput),
-                "tbc": tbc_of[rid].tolist(),
-                "fluidity_index": float(flu_r.fluidity),
-                "missed_deadlines": int(flu_r.missed),
-                "total_deadlines": int(flu_r.total),
-            }
-        )
-    return rows
+    if fluidity_table is None:
+        fluidity_table = request_fluidity(done, done_tokens, cfg, curve)
+    flu = fluidity_table.reindex(ids)
+    decode = gaps.drop_first()
+    tbc = np.split(decode.values, np.cumsum(decode.lengths)[:-1])
+    at = pd.Index(facts.request_id).get_indexer(ids)
+    prompt = done.prompt_len.to_numpy()
+    emitted = done.tokens_emitted.to_numpy()
+    columns = {
+        "request_id": ids,
+        "session_id": done.client.astype(str).to_numpy(),
+        "scheduler_ready_at": done.arrival.to_numpy(),
+        "scheduler_dispatched_at": done.arrival.to_numpy(),
+        "client_picked_up_at": done.admitted_at.to_numpy(),
+        "client_completed_at": done.finished_at.to_numpy(),
+        "num_delta_prompt_tokens": prompt,
+        "num_total_prompt_tokens": prompt,
+        "num_output_tokens": emitted,
+        "num_requested_output_tokens": done.output_len.to_numpy(),
+        "num_total_tokens": prompt + emitted,
+        "is_stream": np.ones(ids.shape[0], dtype=bool),
+        "tpot": lat.tpot.to_numpy(),
+        "ttfc": lat.ttft.to_numpy(),
+        "end_to_end_latency": lat.e2e.to_numpy(),
+        "normalized_end_to_end_latency": lat.normalized_e2e.to_numpy(),
+        "output_throughput": lat.output_throughput.to_numpy(),
+        "fluidity_index": flu.fluidity.to_numpy(),
+        "missed_deadlines": flu.missed.to_numpy(),
+        "total_deadlines": flu.total.to_numpy(),
+    }
+    return columns, [tbc[i] for i in at.tolist()]
 
 
-def prefill_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def write_request_level_metrics(
+    path: Path, columns: dict[str, np.ndarray], tbc: list[np.ndarray]
+) -> None:
+    """One JSON object per request (NaN written as null), the decode gaps under `tbc`."""
+    names = list(columns)
+    rows = zip(*(columns[name].tolist() for name in names), tbc, strict=True)
+    option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+    with path.open("wb") as f:
+        for values in rows:
+            row = dict(zip(names, values[:-1], strict=True))
+            row["tbc"] = values[-1]
+            f.write(orjson.dumps(row, option=option))
+
+
+def prefill_stats(prompt_len: np.ndarray, ttfc: np.ndarray) -> dict[str, Any]:
     """TTFC grouped by prompt length (Veeksha's prefill_stats.json)."""
-    frame = pd.DataFrame(
-        {"p": [r["num_delta_prompt_tokens"] for r in rows], "t": [r["ttfc"] for r in rows]}
-    )
+    order = np.argsort(prompt_len, kind="stable")
+    p, t = prompt_len[order], ttfc[order]
+    starts = np.flatnonzero(np.concatenate(([True], p[1:] != p[:-1]))) if p.size else p
     groups = {}
-    for p, g in frame.groupby("p", sort=True):
-        t = g.t.to_numpy()
-        groups[str(p)] = {
-            "count": int(t.size),
-            "mean": float(t.mean()),
-            "median": float(np.median(t)),
-            "std": float(t.std()),
-            "min": float(t.min()),
-            "max": float(t.max()),
-            "p90": float(np.percentile(t, 90)),
-            "p99": float(np.percentile(t, 99)),
+    for lo, hi in zip(starts.tolist(), [*starts[1:].tolist(), p.shape[0]], strict=True):
+        g = t[lo:hi]
+        groups[str(p[lo])] = {
+            "count": int(g.size),
+            "mean": float(g.mean()),
+            "median": float(np.median(g)),
+            "std": float(g.std()),
+            "min": float(g.min()),
+            "max": float(g.max()),
+            "p90": float(np.percentile(g, 90)),
+            "p99": float(np.percentile(g, 99)),
         }
     return {"metric": "ttfc", "group_by": "target_num_delta_prompt_tokens", "groups": groups}
 
@@ -169,27 +189,27 @@ def write_veeksha_metrics(
     slos: list[SLO] | None = None,
     configured_rate: float | None = None,
     fluid_token_rate: float | None = None,
+    fluidity_table: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Write every file; return slo_results (also written) for the caller's summary.
-    `fluid_token_rate`: pass the one already computed for summary.json (it costs a bisection)."""
+    `fluid_token_rate` and `fluidity_table` (`request_fluidity`): pass the ones already computed
+    for summary.json."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    rows = request_level_rows(requests, tokens, cfg, curve)
-    with (out / "request_level_metrics.jsonl").open("w") as f:
-        for row in rows:
-            f.write(json.dumps(json_safe(row)) + "\n")
+    columns, request_gaps = request_level_columns(requests, tokens, cfg, curve, fluidity_table)
+    write_request_level_metrics(out / "request_level_metrics.jsonl", columns, request_gaps)
     errored = int(requests.status.isin(["rejected", "refused"]).sum())
     _dump(
         out / "summary_stats.json",
         {
             "Number of Requests": len(requests),
-            "Number of Completed Requests": len(rows),
+            "Number of Completed Requests": len(request_gaps),
             "Number of Errored Requests": errored,
             "Error Rate": errored / len(requests) if len(requests) else 0.0,
             "Observed Session Dispatch Rate": observed_rate(requests),
         },
     )
-    values = request_values(requests, tokens, cfg, curve)
+    values = request_values(requests, tokens, cfg, curve, fluidity_table)
     tpot, tbc = values["tpot"], values["tbc"]
     _, gaps = latency.inter_token_gaps(requests, tokens)
     if fluid_token_rate is None:
@@ -202,7 +222,10 @@ def write_veeksha_metrics(
             "fluid_token_generation_rate": fluid_token_rate,
         },
     )
-    _dump(out / "prefill_stats.json", prefill_stats(rows))
+    _dump(
+        out / "prefill_stats.json",
+        prefill_stats(columns["num_delta_prompt_tokens"], columns["ttfc"]),
+    )
     fluidity.miss_rate_at_tbt_targets(gaps.drop_first(), exact=cfg.exact).to_csv(
         out / "deadline_miss_rate_at_tbt_targets.csv", index=False
     )
