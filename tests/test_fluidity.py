@@ -175,3 +175,36 @@ def test_exact_arithmetic_survives_the_searchs_huge_probes():
     floats = fl.min_tbt_deadline(gaps, 0.0, ttft_deadline=0.0, exact=False)
     np.testing.assert_array_equal(exact, floats)
     assert exact[0] == fl.SEARCH_HIGH
+
+
+decode_lists = st.lists(st.lists(gap, max_size=40), min_size=1, max_size=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lists=decode_lists,
+    deadlines=st.lists(
+        st.sampled_from([0.001, 0.01, 0.02, 0.03, 0.05, 0.1, 0.0173, 1e10]), min_size=10
+    ),
+    exact=st.booleans(),
+)
+def test_decode_counts_from_records_match_the_token_walk(lists, deadlines, exact):
+    """The records of the slack recursion give the walk's counts, ties included (gaps drawn
+    from decimal multiples of the deadlines, where float and exact arithmetic differ)."""
+    gaps = fl.Ragged.from_lists(lists)
+    d = np.array(deadlines[: len(lists)])
+    got = fl.decode_counts(gaps, d, exact)
+    want = fl.deadline_counts(gaps, 0.0, d, exact, first_is_prefill=False)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(lists=decode_lists, exact=st.booleans())
+def test_miss_rates_at_every_tbt_target_match_the_token_walk(lists, exact):
+    gaps = fl.Ragged.from_lists(lists)
+    targets = np.array([0.001, 0.0173, 0.01, 0.05, 0.03, 0.1, 0.02])  # unsorted on purpose
+    rates = fl.decode_miss_rates(gaps, targets, exact)
+    for t, d in enumerate(targets):
+        missed, total = fl.deadline_counts(gaps, 0.0, d, exact, first_is_prefill=False)
+        np.testing.assert_array_equal(rates[t], fl._rate(missed, total))

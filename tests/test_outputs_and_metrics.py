@@ -140,3 +140,26 @@ def test_constant_cost_batch_closed_form():
     assert latency.token_throughput(tl.requests_frame()) == pytest.approx(
         n * (10 + out) / (0.2 + (out - 1) * 0.05)
     )
+
+
+def test_token_grouping_does_not_depend_on_the_row_order_of_the_token_table():
+    """Metrics group tokens by request without sorting when the table is already grouped (as a
+    run folder is); a table grouped in another order, or shuffled, gives the same answers."""
+    from simulator.metrics.latency import _grouped_tokens
+
+    rng = np.random.default_rng(0)
+    counts = rng.integers(1, 6, 30)
+    ids = rng.permutation(1000)[:30]
+    tokens = pd.DataFrame(
+        {
+            "request_id": np.repeat(ids, counts),
+            "index": np.concatenate([np.arange(c) for c in counts]),
+            "time": np.cumsum(rng.exponential(0.01, counts.sum())),
+        }
+    )
+    reference = tokens.sort_values(["request_id", "index"], kind="stable")
+    for frame in (reference, tokens, tokens.sample(frac=1.0, random_state=1)):
+        got = _grouped_tokens(frame)
+        assert np.array_equal(got[0], np.sort(ids))
+        assert np.array_equal(got[1], counts[np.argsort(ids)])
+        assert np.array_equal(got[2], reference["time"].to_numpy())

@@ -162,6 +162,7 @@ def min_tbt_deadline(
     n = gaps.lengths.shape[0]
     d_p = np.broadcast_to(np.asarray(ttft_deadline, dtype=np.float64), (n,))
     always_on_time = _longest_judged_gap(gaps, d_p, first_is_prefill)
+    probes = None if first_is_prefill else DecodeProbes(gaps, exact)
     left = np.zeros(n)
     right = np.full(n, SEARCH_HIGH)
     best = np.full(n, SEARCH_HIGH)
@@ -173,10 +174,11 @@ def min_tbt_deadline(
         fails = np.zeros(rows.shape[0], dtype=bool)
         replay = np.flatnonzero(mid < always_on_time[rows])
         if replay.size:
-            sub = gaps.take(rows[replay])
-            missed, total = deadline_counts(
-                sub, d_p[rows[replay]], mid[replay], exact, first_is_prefill
-            )
+            if probes is None:
+                sub = gaps.take(rows[replay])
+                missed, total = deadline_counts(sub, d_p[rows[replay]], mid[replay], exact)
+            else:
+                missed, total = probes.counts(rows[replay], mid[replay])
             fails[replay] = _rate(missed, total) > target_miss_rate
         left[rows[fails]] = mid[fails] + SEARCH_GRANULARITY
         ok = rows[~fails]
@@ -302,6 +304,72 @@ def decode_miss_rates(decode_gaps: Ragged, targets: np.ndarray, exact: bool = Fa
     return rates
 
 
+def decode_counts(
+    decode_gaps: Ragged, tbt_deadline: np.ndarray | float, exact: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(missed, total) per request of its decode gaps at its own D_d: the same counts as
+    `deadline_counts(decode_gaps, 0, tbt_deadline, exact, first_is_prefill=False)`, found from
+    the records of the slack recursion (see `decode_miss_rates`) instead of a token walk."""
+    n = decode_gaps.lengths.shape[0]
+    return DecodeProbes(decode_gaps, exact).counts(np.arange(n), tbt_deadline)
+
+
+class DecodeProbes:
+    """Decode gaps prepared once to count deadline misses at many D_d (a bisection's probes)."""
+
+    def __init__(self, gaps: Ragged, exact: bool) -> None:
+        self.gaps, self.exact = gaps, exact
+        self.ns = np.rint(gaps.values * NS_PER_S).astype(np.int64)
+        self.judged = self.ns if exact else gaps.values  # what "longer than D_d" is decided on
+        self.prefix = np.concatenate(([0], np.cumsum(self.ns)))
+        self.first, self.lengths = gaps.offsets, gaps.lengths
+        self.time = self.prefix[self.first + self.lengths] - self.prefix[self.first]
+        self.cap = max(EXACT_DEADLINE_CAP_S, 2.0 * float(gaps.values.max(initial=0.0)))
+        self.longest_ns = float(self.ns.max(initial=0)) + 1
+        self.tolerance = None if exact else int(self.lengths.max(initial=0)) // 2 + 2
+
+    def counts(
+        self, rows: np.ndarray, tbt_deadline: np.ndarray | float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(missed, total) of each of `rows` (request indices) at its D_d."""
+        n = rows.shape[0]
+        d = np.array(np.broadcast_to(np.asarray(tbt_deadline, dtype=np.float64), (n,)))
+        if n and (not np.all(d > 0) or not np.all(np.isfinite(d))):
+            raise ValueError(f"tbt_deadline must be a finite number > 0 seconds; got {d.min()}")
+        lengths, first = self.lengths[rows], self.first[rows]
+        if n == 0 or int(lengths.sum()) == 0:
+            return np.zeros(n, dtype=np.int64), lengths.astype(np.int64)
+        if self.exact:  # as deadline_counts: deadlines far above every gap act alike
+            d = np.minimum(d, self.cap)
+        # only a gap longer than D_d can miss: above the longest gap D_d's value no longer
+        # matters, which keeps nanoseconds in int64
+        d_ns = np.minimum(np.rint(d * NS_PER_S), self.longest_ns).astype(np.int64)
+        pos = ranges(first, lengths)  # every gap of these rows, row by row
+        request = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        over = d_ns if self.exact else d
+        longer = self.judged[pos] > over[request]
+        pos, req = pos[longer], request[longer]
+        span = self.time[rows] + (lengths + 1) * d_ns + 1
+        if int(span.sum()) >= 1 << 62:
+            raise OverflowError("decode gaps too long for the integer walk; please report")
+        offset = np.cumsum(span) - span
+        start = first[req]
+        cand = Candidates(
+            self.judged[pos],
+            req,
+            pos - start + 1,
+            self.prefix[pos + 1] - self.prefix[start],
+            offset[req],
+        )
+        records, missed, near = cand.records(n, d_ns[req], self.tolerance)
+        total = lengths - records + missed
+        if near.size:  # the float walk decides the near-ties
+            missed[near], total[near] = deadline_counts(
+                self.gaps.take(rows[near]), 0.0, d[near], self.exact, first_is_prefill=False
+            )
+        return missed, total
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The positions start .. start + length - 1 of every range, one range after another."""
     within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
@@ -338,10 +406,11 @@ class Candidates:
         return Candidates(*(np.concatenate(pair) for pair in pairs))
 
     def records(
-        self, n: int, d: int, tolerance: int | None
+        self, n: int, d: int | np.ndarray, tolerance: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per request: records and deadlines missed at D_d = d ns, and (given a tolerance: the
-        float convention) the requests with a decision within `tolerance` ns of a tie."""
+        """Per request: records and deadlines missed at D_d = d ns (one value, or one per
+        candidate), and (given a tolerance: the float convention) the requests with a decision
+        within `tolerance` ns of a tie."""
         records = np.zeros(n, dtype=np.int64)
         missed = np.zeros(n, dtype=np.int64)
         if self.request.shape[0] == 0:
@@ -356,7 +425,8 @@ class Candidates:
         excess = key - np.maximum(before, self.offset)
         record = excess > 0
         at = self.request[record]
-        late = excess[record] // d  # each record misses 1 + this many
+        d_at = d if isinstance(d, int) else d[record]
+        late = excess[record] // d_at  # each record misses 1 + this many
         if at.shape[0]:
             starts = np.flatnonzero(np.concatenate(([True], at[1:] != at[:-1])))
             who = at[starts]
@@ -364,7 +434,7 @@ class Candidates:
             missed[who] = np.add.reduceat(late, starts) + records[who]
         if tolerance is None:
             return records, missed, np.empty(0, dtype=np.int64)
-        rem = excess[record] - late * d
-        floor_tie = (rem <= tolerance) | (rem >= d - tolerance)
+        rem = excess[record] - late * d_at
+        floor_tie = (rem <= tolerance) | (rem >= d_at - tolerance)
         tie = np.abs(excess) <= tolerance
         return records, missed, np.unique(np.concatenate((self.request[tie], at[floor_tie])))

@@ -160,22 +160,34 @@ def percentiles(
 def latency_summary(requests: pd.DataFrame, tokens: pd.DataFrame) -> dict[str, dict]:
     """Per client and overall ("all"): request counts and TTFT/TPOT/E2E/TBT statistics."""
     lat = per_request_latency(requests, tokens)
-    gaps = tbt_samples(tokens)
-    gaps["client"] = requests.set_index("request_id").loc[gaps.request_id, "client"].to_numpy()
+    ids, counts, times = _grouped_tokens(tokens)
+    gap = np.diff(times, prepend=np.nan)
+    later = np.ones(times.shape[0], dtype=bool)  # every token but a request's first
+    later[np.cumsum(counts) - counts] = False
+    request_client = requests["client"].astype(str).to_numpy()
+    names = sorted({str(c) for c in pd.unique(request_client)}, key=_natural)
+    code = {name: i for i, name in enumerate(names)}
+    request_code = np.array([code[c] for c in request_client], dtype=np.int64)
+    by_id = pd.Index(requests["request_id"]).get_indexer(ids)
+    gap_code = request_code[by_id].repeat(counts)[later]
+    tbt = gap[later]
+    lat_code = request_code[pd.Index(requests["request_id"]).get_indexer(lat.index)]
+    completed = (requests["status"] == "completed").to_numpy()
     out: dict[str, dict] = {}
-    clients = [str(c) for c in pd.unique(requests["client"])]
-    for name in [*sorted(clients, key=_natural), "all"]:
-        sel = lat if name == "all" else lat[lat.client.astype(str) == name]
-        gsel = gaps if name == "all" else gaps[gaps.client.astype(str) == name]
-        reqs = requests if name == "all" else requests[requests.client.astype(str) == name]
+    for name in [*names, "all"]:
+        if name == "all":
+            mine, sel, gsel = np.ones(len(requests), dtype=bool), slice(None), tbt
+        else:
+            c = code[name]
+            mine, sel, gsel = request_code == c, lat_code == c, tbt[gap_code == c]
         out[name] = {
-            "requests": len(reqs),
-            "completed": int((reqs.status == "completed").sum()),
-            "output_tokens": int(sel.tokens.sum()),
-            "ttft": percentiles(sel.ttft.to_numpy()),
-            "tpot": percentiles(sel.tpot.to_numpy()),
-            "e2e": percentiles(sel.e2e.to_numpy()),
-            "tbt": percentiles(gsel.tbt.to_numpy()),
+            "requests": int(mine.sum()),
+            "completed": int(completed[mine].sum()),
+            "output_tokens": int(lat.tokens.to_numpy()[sel].sum()),
+            "ttft": percentiles(lat.ttft.to_numpy()[sel]),
+            "tpot": percentiles(lat.tpot.to_numpy()[sel]),
+            "e2e": percentiles(lat.e2e.to_numpy()[sel]),
+            "tbt": percentiles(gsel),
         }
     return out
 
