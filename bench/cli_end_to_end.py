@@ -50,7 +50,7 @@ WORKLOADS = {
         "progress=false",
     ],
 }
-PHASE = re.compile(r"phase (.+?) ([0-9.]+)$")
+PHASE = re.compile(r"phase (.+?) ([0-9.]+)(?: peak ([0-9.]+) MB)?$")
 
 
 def main() -> None:
@@ -82,6 +82,7 @@ def main() -> None:
         sys.exit(f"fairsim failed ({res.returncode}):\n{res.stderr[-3000:]}")
     log = res.stdout + res.stderr
     phases: dict[str, float] = {}
+    peaks: dict[str, float] = {}
     for line in log.splitlines():
         m = PHASE.search(line)
         if m:
@@ -90,6 +91,7 @@ def main() -> None:
                 phases["start-up"] = value - spawned
             else:
                 phases[name] = phases.get(name, 0.0) + value
+                peaks[f"peak_mb_after_{name.replace(' ', '_')}"] = float(m.group(3))
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(
         json.dumps(
@@ -98,6 +100,7 @@ def main() -> None:
                 "wall_s": round(wall, 3),
                 "peak_mb": round(peak_mb, 1),
                 **{f"{k.replace(' ', '_')}_s": round(v, 3) for k, v in phases.items()},
+                **peaks,
             }
         )
     )

@@ -129,6 +129,19 @@ def test_percentile_summary_uses_linear_interpolation():
     assert p["p50"] == 2.5 and p["p90"] == pytest.approx(3.7) and p["mean"] == 2.5
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 1001])
+def test_percentile_summary_equals_one_percentile_call_per_p_bit_for_bit(n):
+    """The summary takes all its percentiles from one numpy call; each must be exactly the
+    value `percentile` gives alone (one partition per p), NaNs left out."""
+    rng = np.random.default_rng(n)
+    v = np.round(rng.exponential(0.05, n), rng.integers(2, 12))  # ties included
+    v[rng.random(n) < 0.1] = np.nan
+    got = latency.percentiles(v, (1, 50, 90, 99, 100))
+    for p in (1, 50, 90, 99, 100):
+        alone = latency.percentile(v, p)
+        assert got[f"p{p}"] == alone or (np.isnan(alone) and np.isnan(got[f"p{p}"]))
+
+
 def test_constant_cost_batch_closed_form():
     """n identical requests at t=0 fit in one mini-batch: all share the same token times."""
     n, out = 8, 20

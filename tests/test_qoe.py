@@ -235,6 +235,35 @@ def test_prefill_stats_reference_vector():
     assert groups["16"]["mean"] == pytest.approx(0.35)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf
+def test_prefill_stats_are_numpys_statistics_of_each_group_bit_for_bit():
+    """Singletons take a shortcut and pairs of percentiles share a call: every field must still
+    be what numpy gives for the group alone (NaN and inf included)."""
+    from simulator.report.veeksha import prefill_stats
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 40, 300)
+    ttfc = np.round(rng.exponential(0.2, 300), rng.integers(2, 12))
+    ttfc[[3, 50]] = np.nan
+    ttfc[[7]] = np.inf
+    groups = prefill_stats(lengths, ttfc)["groups"]
+    assert sorted(groups, key=int) == [str(n) for n in np.unique(lengths)]
+    for n, got in groups.items():
+        g = ttfc[lengths == int(n)]
+        want = {
+            "count": g.size,
+            "mean": np.mean(g),
+            "median": np.median(g),
+            "std": np.std(g),
+            "min": np.min(g),
+            "max": np.max(g),
+            "p90": np.percentile(g, 90),
+            "p99": np.percentile(g, 99),
+        }
+        for field, value in want.items():
+            assert got[field] == value or (np.isnan(got[field]) and np.isnan(value)), (n, field)
+
+
 def test_request_values_cover_every_slo_metric():
     req, tok = tables([[0.2, 0.1, 0.1], [0.3, 0.05]])
     values = request_values(req, tok, QoEConfig())

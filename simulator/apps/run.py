@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import resource
 import sys
 import time
 from collections import Counter
@@ -73,8 +74,9 @@ def simulate_config(cfg: DictConfig, trace: Trace | None = None) -> Timeline:
 
 
 class PhaseTimer:
-    """Wall time of each phase of a run, logged at DEBUG level on the `fairsim.timing` logger
-    (`fairsim hydra.verbose=fairsim.timing` prints it; bench/cli_end_to_end.py reads it)."""
+    """Wall time of each phase of a run and the process's peak memory after it, logged at DEBUG
+    level on the `fairsim.timing` logger (`fairsim hydra.verbose=fairsim.timing` prints it;
+    bench/cli_end_to_end.py reads it)."""
 
     def __init__(self) -> None:
         self.log = logging.getLogger("fairsim.timing")
@@ -84,7 +86,8 @@ class PhaseTimer:
     def __call__(self, phase: str) -> Iterator[None]:
         start = time.perf_counter()
         yield
-        self.log.debug("phase %s %.6f", phase, time.perf_counter() - start)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        self.log.debug("phase %s %.6f peak %.1f MB", phase, time.perf_counter() - start, peak_mb)
 
 
 def run_config(

@@ -323,6 +323,10 @@ class DecodeProbes:
         self.judged = self.ns if exact else gaps.values  # what "longer than D_d" is decided on
         self.prefix = np.concatenate(([0], np.cumsum(self.ns)))
         self.first, self.lengths = gaps.offsets, gaps.lengths
+        self.n = self.lengths.shape[0]
+        # each gap's request: one pass compares every gap with its request's D_d (int32: half
+        # the memory of the run's biggest arrays)
+        self.request = np.repeat(np.arange(self.n, dtype=np.int32), self.lengths)
         self.time = self.prefix[self.first + self.lengths] - self.prefix[self.first]
         self.cap = max(EXACT_DEADLINE_CAP_S, 2.0 * float(gaps.values.max(initial=0.0)))
         self.longest_ns = float(self.ns.max(initial=0)) + 1
@@ -331,29 +335,36 @@ class DecodeProbes:
     def counts(
         self, rows: np.ndarray, tbt_deadline: np.ndarray | float
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(missed, total) of each of `rows` (request indices) at its D_d."""
+        """(missed, total) of each of `rows` (distinct request indices) at its D_d."""
         n = rows.shape[0]
         d = np.array(np.broadcast_to(np.asarray(tbt_deadline, dtype=np.float64), (n,)))
         if n and (not np.all(d > 0) or not np.all(np.isfinite(d))):
             raise ValueError(f"tbt_deadline must be a finite number > 0 seconds; got {d.min()}")
-        lengths, first = self.lengths[rows], self.first[rows]
+        lengths = self.lengths[rows]
         if n == 0 or int(lengths.sum()) == 0:
             return np.zeros(n, dtype=np.int64), lengths.astype(np.int64)
+        if np.unique(rows).shape[0] != n:
+            raise ValueError("rows must be distinct request indices")
         if self.exact:  # as deadline_counts: deadlines far above every gap act alike
             d = np.minimum(d, self.cap)
         # only a gap longer than D_d can miss: above the longest gap D_d's value no longer
         # matters, which keeps nanoseconds in int64
         d_ns = np.minimum(np.rint(d * NS_PER_S), self.longest_ns).astype(np.int64)
-        pos = ranges(first, lengths)  # every gap of these rows, row by row
-        request = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        over = d_ns if self.exact else d
-        longer = self.judged[pos] > over[request]
-        pos, req = pos[longer], request[longer]
-        span = self.time[rows] + (lengths + 1) * d_ns + 1
+        # per request (all of them, so that one pass over the gaps finds the candidates): its
+        # D_d, +inf for a request not probed (none of its gaps is longer)
+        over = np.full(self.n, np.inf)
+        over[rows] = d_ns if self.exact else d
+        pos = np.flatnonzero(self.judged > over[self.request])
+        req = self.request[pos].astype(np.int64)
+        d_of = np.zeros(self.n, dtype=np.int64)
+        d_of[rows] = d_ns
+        # offsets in request order keep each request's Q apart in one running maximum
+        span = np.zeros(self.n, dtype=np.int64)
+        span[rows] = self.time[rows] + (lengths + 1) * d_ns + 1
         if int(span.sum()) >= 1 << 62:
             raise OverflowError("decode gaps too long for the integer walk; please report")
         offset = np.cumsum(span) - span
-        start = first[req]
+        start = self.first[req]
         cand = Candidates(
             self.judged[pos],
             req,
@@ -361,9 +372,12 @@ class DecodeProbes:
             self.prefix[pos + 1] - self.prefix[start],
             offset[req],
         )
-        records, missed, near = cand.records(n, d_ns[req], self.tolerance)
-        total = lengths - records + missed
+        records, missed, near = cand.records(self.n, d_of[req], self.tolerance)
+        missed, total = missed[rows], lengths - records[rows] + missed[rows]
         if near.size:  # the float walk decides the near-ties
+            local = np.full(self.n, -1)
+            local[rows] = np.arange(n)
+            near = local[near]
             missed[near], total[near] = deadline_counts(
                 self.gaps.take(rows[near]), 0.0, d[near], self.exact, first_is_prefill=False
             )
