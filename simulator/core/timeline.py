@@ -216,8 +216,9 @@ class Timeline:
 
     def tokens_frame(self) -> pd.DataFrame:
         rows, index, time = self.token_times()
+        # the columns are fresh arrays that nothing else holds: no copy (76 MB less at 4M tokens)
         return pd.DataFrame(
-            {"request_id": self.trace.request_id[rows], "index": index, "time": time}
+            {"request_id": self.trace.request_id[rows], "index": index, "time": time}, copy=False
         )
 
     def steps_frame(self) -> pd.DataFrame:

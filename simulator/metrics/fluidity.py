@@ -319,9 +319,9 @@ class DecodeProbes:
 
     def __init__(self, gaps: Ragged, exact: bool) -> None:
         self.gaps, self.exact = gaps, exact
-        self.ns = np.rint(gaps.values * NS_PER_S).astype(np.int64)
-        self.judged = self.ns if exact else gaps.values  # what "longer than D_d" is decided on
-        self.prefix = np.concatenate(([0], np.cumsum(self.ns)))
+        ns = np.rint(gaps.values * NS_PER_S).astype(np.int64)
+        self.judged = ns if exact else gaps.values  # what "longer than D_d" is decided on
+        self.prefix = np.concatenate(([0], np.cumsum(ns)))
         self.first, self.lengths = gaps.offsets, gaps.lengths
         self.n = self.lengths.shape[0]
         # each gap's request: one pass compares every gap with its request's D_d (int32: half
@@ -329,7 +329,7 @@ class DecodeProbes:
         self.request = np.repeat(np.arange(self.n, dtype=np.int32), self.lengths)
         self.time = self.prefix[self.first + self.lengths] - self.prefix[self.first]
         self.cap = max(EXACT_DEADLINE_CAP_S, 2.0 * float(gaps.values.max(initial=0.0)))
-        self.longest_ns = float(self.ns.max(initial=0)) + 1
+        self.longest_ns = float(ns.max(initial=0)) + 1
         self.tolerance = None if exact else int(self.lengths.max(initial=0)) // 2 + 2
 
     def counts(

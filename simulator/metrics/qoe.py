@@ -108,6 +108,8 @@ def qoe_summary(
     of these tables, when the caller has it already."""
     flu = request_fluidity(requests, tokens, cfg, curve) if fluidity is None else fluidity
     facts, gaps = latency.inter_token_gaps(requests, tokens)
+    decode_gaps = gaps.drop_first()
+    del gaps  # one request-length copy of the gaps at a time (the fluid rate's peak memory)
     per_client = {
         str(c): {
             **_fluidity_stats(g.fluidity.to_numpy()),
@@ -115,9 +117,10 @@ def qoe_summary(
         }
         for c, g in flu.groupby("client", observed=True, sort=True)
     }
+    scored = tokens.request_id.isin(facts.request_id)
     qoe = latency.andes_qoe(
         requests,
-        tokens[tokens.request_id.isin(facts.request_id)],
+        tokens if scored.all() else tokens[scored],  # no copy of the tokens when all completed
         cfg.expected_ttft,
         cfg.reading_speed,
     )
@@ -135,7 +138,7 @@ def qoe_summary(
         },
         "fluidity": _fluidity_stats(flu.fluidity.to_numpy()),
         "service_miss_rate": etalon.service_miss_rate(flu.missed.to_numpy(), flu.total.to_numpy()),
-        "fluid_token_rate": etalon.fluid_token_rate(gaps.drop_first(), cfg.exact),
+        "fluid_token_rate": etalon.fluid_token_rate(decode_gaps, cfg.exact),
         "fluidity_per_client": per_client,
         "andes_qoe": {
             "mean": float(qoe.mean()) if len(qoe) else None,
