@@ -208,3 +208,33 @@ def test_miss_rates_at_every_tbt_target_match_the_token_walk(lists, exact):
     for t, d in enumerate(targets):
         missed, total = fl.deadline_counts(gaps, 0.0, d, exact, first_is_prefill=False)
         np.testing.assert_array_equal(rates[t], fl._rate(missed, total))
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(0, 12), max_size=30), max_values=st.integers(1, 20))
+def test_blocks_hold_every_row_once_and_at_most_max_values_unless_alone(lengths, max_values):
+    gaps = fl.Ragged(np.arange(sum(lengths), dtype=np.float64), np.array(lengths, dtype=np.int64))
+    rows = []
+    for sl, block in gaps.blocks(max_values):
+        rows.extend(range(sl.start, sl.stop))
+        np.testing.assert_array_equal(block.lengths, gaps.lengths[sl])
+        np.testing.assert_array_equal(block.values, gaps.take(np.arange(sl.start, sl.stop)).values)
+        assert block.values.sum() == 0 or np.shares_memory(block.values, gaps.values)
+        assert block.values.size <= max_values or sl.stop - sl.start == 1
+    assert rows == list(range(len(lengths)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(lists=decode_lists, exact=st.booleans(), block=st.integers(1, 40))
+def test_rates_scored_in_blocks_are_the_rates_scored_at_once(lists, exact, block):
+    """Scoring requests a block at a time (to bound memory) changes no answer."""
+    gaps = fl.Ragged.from_lists(lists)
+    whole_rate = fl.fluid_token_rate(gaps, exact)
+    whole_curve = fl.miss_rate_at_tbt_targets(gaps, exact=exact)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(fl, "BLOCK_VALUES", block)
+        assert [s for s, _ in gaps.blocks()] == [s for s, _ in gaps.blocks(block)]
+        rate = fl.fluid_token_rate(gaps, exact)
+        curve = fl.miss_rate_at_tbt_targets(gaps, exact=exact)
+    assert rate == whole_rate or (math.isnan(rate) and math.isnan(whole_rate))
+    np.testing.assert_array_equal(curve.to_numpy(), whole_curve.to_numpy())

@@ -92,6 +92,36 @@ def test_andes_qoe_is_one_when_tokens_beat_the_reading_pace_and_falls_with_a_lat
         latency.andes_qoe(req, tok, reading_speed=0)
 
 
+def test_andes_qoe_scored_in_blocks_of_requests_is_the_qoe_scored_at_once():
+    from simulator.metrics import fluidity
+
+    rng = np.random.default_rng(3)
+    lists = [rng.exponential(0.3, rng.integers(1, 30)) for _ in range(40)]
+    req, tok = tables(lists)
+    whole = latency.andes_qoe(req, tok)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(fluidity, "BLOCK_VALUES", 17)  # 40 requests of 1..29 tokens: many blocks
+        blocked = latency.andes_qoe(req, tok)
+    pd.testing.assert_series_equal(blocked, whole, check_exact=True)
+
+
+def test_tokens_of_every_request_is_the_frame_itself_and_a_subset_otherwise():
+    req, tok = tables([[0.5, 0.1], [0.2, 0.3, 0.4]])
+    assert latency.tokens_of(tok, req.request_id) is tok
+    first = latency.tokens_of(tok, [0])
+    assert first.request_id.tolist() == [0, 0]
+
+
+def test_tbt_values_are_each_requests_own_gaps_in_request_order():
+    lists = [[0.5, 0.1, 0.2], [0.3], [0.25, 0.05]]
+    req, tok = tables(lists)
+    times = [10.0 * i + np.cumsum(itt) for i, itt in enumerate(lists)]
+    want = np.concatenate([np.diff(t) for t in times])
+    np.testing.assert_array_equal(latency.tbt_values(tok), want)
+    np.testing.assert_array_equal(latency.tbt_samples(tok).tbt.to_numpy(), want)
+    assert latency.tbt_samples(tok).request_id.tolist() == [0, 0, 2]
+
+
 def test_goodput_counts_requests_meeting_every_limit_inclusively():
     req, tok = tables([[0.5] + [0.125] * 4, [0.25], [1.5] + [0.125] * 4], arrivals=[0.0, 1.0, 2.0])
     duration = req.finished_at.max() - 0.0

@@ -218,7 +218,7 @@ def request_fluidity(folder: Path) -> pd.Series | None:
     tokens = pd.read_parquet(folder / "tokens.parquet")
     flu = latency.request_fluidity(
         done,
-        tokens[tokens.request_id.isin(done.request_id)],
+        latency.tokens_of(tokens, done.request_id),
         ttft_deadline=float(deadlines["ttft"]),
         tbt_deadline=float(deadlines["tbt"]),
         exact=str(deadlines.get("arithmetic", "")).startswith("exact"),

@@ -19,7 +19,7 @@ positions in lock step, so the Python loop runs once per token position, not onc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +32,9 @@ SEARCH_GRANULARITY = 1e-4
 FLUID_RATE_QUANTILE = 0.99
 FLUID_RATE_TARGET_MISS = 0.1
 TARGET_TBT_VALUES = np.arange(1, 101) / 1000.0  # 1..100 ms
-LOCK_STEP_VALUES = 4_000_000  # gaps evaluated together when many deadlines are tried at once
+# requests are scored in blocks of about this many gaps by the metrics whose temporaries are
+# several times their input, so that memory stays flat in the run's length
+BLOCK_VALUES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,19 @@ class Ragged:
         """The lists of `rows` (repeats allowed), in that order."""
         lengths = self.lengths[rows]
         return Ragged(self.values[ranges(self.offsets[rows], lengths)], lengths)
+
+    def blocks(self, max_values: int | None = None) -> Iterator[tuple[slice, Ragged]]:
+        """Consecutive rows, as (rows, their lists), holding at most `max_values` (default
+        BLOCK_VALUES) values together (a row holding more is a block alone); the values are
+        views, not copies."""
+        max_values = BLOCK_VALUES if max_values is None else max_values
+        ends = np.cumsum(self.lengths)
+        lo, n = 0, self.lengths.shape[0]
+        while lo < n:
+            base = int(ends[lo] - self.lengths[lo])
+            hi = max(lo + 1, int(np.searchsorted(ends, base + max_values, side="right")))
+            yield slice(lo, hi), Ragged(self.values[base : int(ends[hi - 1])], self.lengths[lo:hi])
+            lo = hi
 
     def drop_first(self) -> Ragged:
         """Each list without its first entry (Etalon's `should_ignore_first_token`)."""
@@ -208,7 +223,12 @@ def fluid_token_rate(decode_gaps: Ragged, exact: bool = False) -> float:
     decode deadline at which the request misses at most 10% of its deadlines."""
     if decode_gaps.lengths.shape[0] == 0:
         return float("nan")
-    best = min_tbt_deadline(decode_gaps, FLUID_RATE_TARGET_MISS, 0.0, exact, first_is_prefill=False)
+    best = np.concatenate(
+        [
+            min_tbt_deadline(block, FLUID_RATE_TARGET_MISS, 0.0, exact, first_is_prefill=False)
+            for _, block in decode_gaps.blocks()
+        ]
+    )
     return float(1.0 / np.quantile(best, FLUID_RATE_QUANTILE))
 
 
@@ -223,7 +243,9 @@ def miss_rate_at_tbt_targets(
     targets = np.asarray(targets, dtype=np.float64)
     if decode_gaps.lengths.shape[0] == 0:
         return pd.DataFrame({"tbt_deadline": targets, "miss_rate": np.nan})
-    rates = decode_miss_rates(decode_gaps, targets, exact)
+    rates = np.concatenate(
+        [decode_miss_rates(block, targets, exact) for _, block in decode_gaps.blocks()], axis=1
+    )
     return pd.DataFrame(
         {"tbt_deadline": targets, "miss_rate": np.quantile(rates, quantile, axis=1)}
     )

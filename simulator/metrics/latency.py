@@ -28,6 +28,13 @@ CONVENTIONS = ("vllm", "veeksha", "etalon", "evalscope")
 PERCENTILE_METHODS = ("linear", "evalscope")
 
 
+def tokens_of(tokens: pd.DataFrame, request_ids: pd.Series | np.ndarray) -> pd.DataFrame:
+    """The rows of `tokens` of these requests: the frame itself when that is every row (no
+    copy of what may be tens of millions of rows)."""
+    mine = tokens["request_id"].isin(request_ids).to_numpy()
+    return tokens if mine.all() else tokens[mine]
+
+
 def _grouped_tokens(tokens: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(request ids, token counts, times): requests by increasing id, each one's tokens
     contiguous in index order (the order of a stable sort by request_id, index)."""
@@ -122,10 +129,21 @@ def per_request_latency(
 def tbt_samples(tokens: pd.DataFrame) -> pd.DataFrame:
     """Gaps between consecutive tokens of the same request (first token excluded)."""
     ids, counts, times = _grouped_tokens(tokens)
-    gap = np.diff(times, prepend=np.nan)
-    keep = np.ones(times.shape[0], dtype=bool)
-    keep[np.cumsum(counts) - counts] = False
-    return pd.DataFrame({"request_id": ids.repeat(counts)[keep], "tbt": gap[keep]})
+    return pd.DataFrame({"request_id": ids.repeat(counts - 1), "tbt": _gaps_within(times, counts)})
+
+
+def tbt_values(tokens: pd.DataFrame) -> np.ndarray:
+    """The gaps of `tbt_samples` alone."""
+    _, counts, times = _grouped_tokens(tokens)
+    return _gaps_within(times, counts)
+
+
+def _gaps_within(times: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The gaps between consecutive tokens of each request, request after request (`times`
+    grouped by request, `counts` >= 1 tokens each)."""
+    if times.size == 0:
+        return np.empty(0)
+    return np.delete(np.diff(times), np.cumsum(counts)[:-1] - 1)  # across two requests
 
 
 def percentile(values: np.ndarray, p: float, method: str = "linear") -> float:
@@ -153,7 +171,9 @@ def percentiles(
 ) -> dict[str, float]:
     """Mean and the `ps` percentiles of the non-NaN values (NaN when there are none)."""
     v = np.asarray(values, dtype=np.float64)
-    v = v[~np.isnan(v)]
+    missing = np.isnan(v)
+    if missing.any():  # no copy of millions of gaps when there is nothing to leave out
+        v = v[~missing]
     mean = float(v.mean()) if v.size else float("nan")
     if method == "linear" and v.size and all(0 <= p <= 100 for p in ps):
         # one partition for all of them: the same values as one call per p, in 54% of the time
@@ -167,16 +187,13 @@ def latency_summary(requests: pd.DataFrame, tokens: pd.DataFrame) -> dict[str, d
     """Per client and overall ("all"): request counts and TTFT/TPOT/E2E/TBT statistics."""
     lat = per_request_latency(requests, tokens)
     ids, counts, times = _grouped_tokens(tokens)
-    gap = np.diff(times, prepend=np.nan)
-    later = np.ones(times.shape[0], dtype=bool)  # every token but a request's first
-    later[np.cumsum(counts) - counts] = False
+    tbt = _gaps_within(times, counts)
     request_client = requests["client"].astype(str).to_numpy()
     names = sorted({str(c) for c in pd.unique(request_client)}, key=_natural)
     code = {name: i for i, name in enumerate(names)}
-    request_code = np.array([code[c] for c in request_client], dtype=np.int64)
+    request_code = np.array([code[c] for c in request_client], dtype=np.int32)
     by_id = pd.Index(requests["request_id"]).get_indexer(ids)
-    gap_code = request_code[by_id].repeat(counts)[later]
-    tbt = gap[later]
+    gap_code = request_code[by_id].repeat(counts - 1)  # each gap's client
     lat_code = request_code[pd.Index(requests["request_id"]).get_indexer(lat.index)]
     completed = (requests["status"] == "completed").to_numpy()
     out: dict[str, dict] = {}
@@ -219,7 +236,7 @@ def goodput(
     done = requests[requests.status == "completed"]
     if done.empty:
         return 0.0
-    lat = per_request_latency(done, tokens[tokens.request_id.isin(done.request_id)], "veeksha")
+    lat = per_request_latency(done, tokens_of(tokens, done.request_id), "veeksha")
     good = np.ones(len(lat), dtype=bool)
     for limit, column in ((ttft, "ttft"), (tpot, "tpot"), (e2e, "e2e")):
         if limit is not None:
@@ -252,16 +269,29 @@ def andes_qoe(
     if ids.size == 0:
         return pd.Series([], dtype=float, index=pd.Index([], name="request_id"), name="qoe")
     arrival = requests.set_index("request_id").loc[ids, "arrival"].to_numpy()
-    index = np.arange(times.size) - np.repeat(np.cumsum(n) - n, n)
-    group = np.repeat(np.arange(ids.size), n)
-    running = pd.Series(times - index / reading_speed).groupby(group).cummax().to_numpy()
+    qoe = np.concatenate(
+        [
+            _andes_block(block, arrival[rows], expected_ttft, reading_speed)
+            for rows, block in Ragged(times, n).blocks()
+        ]
+    )
+    return pd.Series(qoe, index=pd.Index(ids, name="request_id"), name="qoe")
+
+
+def _andes_block(
+    times: Ragged, arrival: np.ndarray, expected_ttft: float, reading_speed: float
+) -> np.ndarray:
+    """Andes QoE of consecutive requests, given their token times."""
+    n, rows = times.lengths, times.lengths.shape[0]
+    index = np.arange(times.values.size) - np.repeat(times.offsets, n)
+    group = np.repeat(np.arange(rows), n)
+    running = pd.Series(times.values - index / reading_speed).groupby(group).cummax().to_numpy()
     expected_first = np.repeat(arrival + expected_ttft, n)
     consumed = np.maximum(running, expected_first) + index / reading_speed
     delay = np.maximum(running - expected_first, 0.0)
-    s_delay = np.bincount(group, delay, ids.size)
-    s_whole = np.bincount(group, consumed - np.repeat(arrival, n), ids.size)
-    qoe = 1.0 - np.divide(s_delay, s_whole, out=np.zeros(ids.size), where=s_whole > 0)
-    return pd.Series(qoe, index=pd.Index(ids, name="request_id"), name="qoe")
+    s_delay = np.bincount(group, delay, rows)
+    s_whole = np.bincount(group, consumed - np.repeat(arrival, n), rows)
+    return 1.0 - np.divide(s_delay, s_whole, out=np.zeros(rows), where=s_whole > 0)
 
 
 def request_fluidity(

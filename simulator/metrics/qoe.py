@@ -73,12 +73,12 @@ def request_values(
     """Request-level values of every SLO metric (completed requests; `tbc` pools the gaps).
     `fluidity`: `request_fluidity` of these tables, when the caller has it already."""
     done = requests[requests.status == "completed"]
-    done_tokens = tokens[tokens.request_id.isin(done.request_id)]
+    done_tokens = latency.tokens_of(tokens, done.request_id)
     lat = latency.per_request_latency(done, done_tokens, "veeksha")
     flu = request_fluidity(done, done_tokens, cfg, curve) if fluidity is None else fluidity
     return {
         "ttfc": lat.ttft.to_numpy(),
-        "tbc": latency.tbt_samples(done_tokens).tbt.to_numpy(),
+        "tbc": latency.tbt_values(done_tokens),
         "tpot": lat.tpot.to_numpy(),
         "e2e": lat.e2e.to_numpy(),
         "normalized_e2e": lat.normalized_e2e.to_numpy(),
@@ -117,10 +117,9 @@ def qoe_summary(
         }
         for c, g in flu.groupby("client", observed=True, sort=True)
     }
-    scored = tokens.request_id.isin(facts.request_id)
     qoe = latency.andes_qoe(
         requests,
-        tokens if scored.all() else tokens[scored],  # no copy of the tokens when all completed
+        latency.tokens_of(tokens, facts.request_id),
         cfg.expected_ttft,
         cfg.reading_speed,
     )

@@ -44,8 +44,8 @@ def per_replica(
     preemptions (0 for an engine that never preempts), KV utilisation. Requests never admitted
     under a shared queue have replica -1 and are left out."""
     out = []
-    replica_of = requests.set_index("request_id").replica
-    token_replica = replica_of.reindex(tokens.request_id).to_numpy()
+    emitted = tokens["request_id"].value_counts()  # output tokens per request
+    emitted_on = requests.set_index("request_id").replica.reindex(emitted.index).to_numpy()
     for rep in sorted(int(r) for r in steps.replica.unique()):
         r = requests[requests.replica == rep]
         done = r[r.status == "completed"]
@@ -55,7 +55,7 @@ def per_replica(
                 "replica": rep,
                 "requests": len(r),
                 "completed": len(done),
-                "output_tokens": int((token_replica == rep).sum()),
+                "output_tokens": int(emitted.to_numpy()[emitted_on == rep].sum()),
                 "throughput_tokens_per_s": latency.token_throughput(r),
                 "ttft_mean": float(ttft.mean()) if ttft.size else float("nan"),
                 "ttft_p99": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
