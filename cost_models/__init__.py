@@ -1,6 +1,6 @@
 """How long a GPU step takes: the `StepCostModel` seam and its implementations."""
 
-from cost_models.base import StepCostModel
+from cost_models.base import CostModelError, StepCostModel
 from cost_models.hardware import GPUS, MODELS, GPUSpec, ModelSpec
 from cost_models.linear import ConstantStepCost, LinearStepCost
 from cost_models.roofline import RooflineCost
@@ -11,6 +11,7 @@ __all__ = [
     "GPUS",
     "MODELS",
     "ConstantStepCost",
+    "CostModelError",
     "GPUSpec",
     "LinearStepCost",
     "ModelSpec",

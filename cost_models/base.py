@@ -7,6 +7,10 @@ from typing import Protocol
 import numpy as np
 
 
+class CostModelError(ValueError):
+    """A cost-model setting or profile that cannot be used; the message names the key or file."""
+
+
 class StepCostModel(Protocol):
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         """Seconds for one prefill-only step over requests with these prompt lengths."""

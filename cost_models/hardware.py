@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.base import CostModelError
+
 GIB = 1024**3
 
 
@@ -36,9 +38,11 @@ class ModelSpec:
         ):
             v = getattr(self, key)
             if int(v) != v or v < 1:
-                raise ValueError(f"model {self.name!r}: {key} must be an integer >= 1, got {v!r}")
+                raise CostModelError(
+                    f"model {self.name!r}: {key} must be an integer >= 1, got {v!r}"
+                )
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(
+            raise CostModelError(
                 f"model {self.name!r}: heads must divide hidden, kv_heads divide heads"
             )
 
@@ -80,7 +84,7 @@ class GPUSpec:
     def __post_init__(self) -> None:
         for key in ("memory_bytes", "hbm_bandwidth", "peak_flops"):
             if not getattr(self, key) > 0:
-                raise ValueError(f"gpu {self.name!r}: {key} must be > 0")
+                raise CostModelError(f"gpu {self.name!r}: {key} must be > 0")
 
 
 MODELS = {
@@ -107,7 +111,7 @@ def model_spec(model: str | ModelSpec) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; presets: {sorted(MODELS)} (or a ModelSpec)")
+        raise CostModelError(f"unknown model {model!r}; presets: {sorted(MODELS)} (or a ModelSpec)")
     return MODELS[model]
 
 
@@ -115,5 +119,5 @@ def gpu_spec(gpu: str | GPUSpec) -> GPUSpec:
     if isinstance(gpu, GPUSpec):
         return gpu
     if gpu not in GPUS:
-        raise ValueError(f"unknown gpu {gpu!r}; presets: {sorted(GPUS)} (or a GPUSpec)")
+        raise CostModelError(f"unknown gpu {gpu!r}; presets: {sorted(GPUS)} (or a GPUSpec)")
     return GPUS[gpu]

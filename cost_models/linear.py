@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.base import CostModelError
+
 
 @dataclass(frozen=True)
 class LinearStepCost:
@@ -32,11 +34,13 @@ class LinearStepCost:
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not (np.isfinite(value) and value >= 0):
-                raise ValueError(f"LinearStepCost.{name} must be a finite number >= 0, got {value}")
+                raise CostModelError(
+                    f"LinearStepCost.{name} must be a finite number >= 0, got {value}"
+                )
         if self.decode_base + self.decode_per_seq + self.decode_per_context_token <= 0:
-            raise ValueError("LinearStepCost: a decode step must take time > 0")
+            raise CostModelError("LinearStepCost: a decode step must take time > 0")
         if self.prefill_base + self.prefill_per_request + self.prefill_per_token <= 0:
-            raise ValueError("LinearStepCost: a prefill step must take time > 0")
+            raise CostModelError("LinearStepCost: a prefill step must take time > 0")
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         p = np.asarray(prompt_lens, dtype=np.float64)
@@ -68,7 +72,7 @@ class ConstantStepCost:
 
     def __post_init__(self) -> None:
         if not (self.prefill > 0 and self.decode > 0):
-            raise ValueError(f"ConstantStepCost needs prefill > 0 and decode > 0, got {self}")
+            raise CostModelError(f"ConstantStepCost needs prefill > 0 and decode > 0, got {self}")
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         return float(self.prefill)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.base import CostModelError
 from cost_models.hardware import GPUSpec, ModelSpec, gpu_spec, model_spec
 
 
@@ -39,15 +40,15 @@ class RooflineCost:
         object.__setattr__(self, "model", model_spec(self.model))
         object.__setattr__(self, "gpu", gpu_spec(self.gpu))
         if int(self.tp) != self.tp or self.tp < 1:
-            raise ValueError(f"cost_model.tp must be an integer >= 1, got {self.tp!r}")
+            raise CostModelError(f"cost_model.tp must be an integer >= 1, got {self.tp!r}")
         for key in ("compute_efficiency", "memory_efficiency"):
             v = getattr(self, key)
             if not (0 < v <= 1):
-                raise ValueError(f"cost_model.{key} must be in (0, 1], got {v!r}")
+                raise CostModelError(f"cost_model.{key} must be in (0, 1], got {v!r}")
         if self.step_overhead < 0 or self.allreduce_latency < 0:
-            raise ValueError("cost_model.step_overhead and allreduce_latency must be >= 0")
+            raise CostModelError("cost_model.step_overhead and allreduce_latency must be >= 0")
         if self.tp > 1 and not self.gpu_spec.link_bandwidth > 0:
-            raise ValueError(f"gpu {self.gpu_spec.name!r} has no link bandwidth for tp > 1")
+            raise CostModelError(f"gpu {self.gpu_spec.name!r} has no link bandwidth for tp > 1")
         m, g = self.model_spec, self.gpu_spec
         rates = (
             4.0 * m.hidden * m.layers / (self.tp * g.peak_flops * self.compute_efficiency),
@@ -171,11 +172,13 @@ class RooflineCost:
         """KV tokens that fit: the memory share an engine may use, less the weights and an
         activation reserve (per GPU), divided by one token's KV bytes (per GPU)."""
         if not (0 < memory_utilization <= 1):
-            raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization!r}")
+            raise CostModelError(
+                f"memory_utilization must be in (0, 1], got {memory_utilization!r}"
+            )
         m, g = self.model_spec, self.gpu_spec
         free = g.memory_bytes * memory_utilization - m.weight_bytes / self.tp - activation_reserve
         if free <= 0:
-            raise ValueError(
+            raise CostModelError(
                 f"{m.name} ({m.weight_bytes / 1024**3:.1f} GiB of weights) does not fit on "
                 f"{self.tp} x {g.name} with memory_utilization={memory_utilization}"
             )

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from cost_models.base import CostModelError
+
 if TYPE_CHECKING:  # scipy is imported when a table is loaded, not with every cost model
     from scipy.interpolate import LinearNDInterpolator
 
 REQUIRED = ("phase", "batch_size", "tokens", "seconds")
 
 
-class ProfileError(ValueError):
+class ProfileError(CostModelError):
     """A profile CSV that cannot be used; names the file, row and field."""
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cost_models.base import CostModelError
 from cost_models.roofline import RooflineCost
 from traces.files import read_table, resolve_path
 
@@ -65,12 +66,14 @@ class VidurProfileCost(RooflineCost):
             if f"time_stats.{op}.median" not in frame.columns
         ]
         if missing:
-            raise ValueError(f"{p}: not a Vidur mlp.csv profile (missing column {missing[0]!r})")
+            raise CostModelError(
+                f"{p}: not a Vidur mlp.csv profile (missing column {missing[0]!r})"
+            )
         rows = frame
         for col, value in dims.items():
             rows = rows[rows[col] == value]
         if rows.empty:
-            raise ValueError(
+            raise CostModelError(
                 f"{p}: no rows for {m.name} at tp={self.tp} "
                 f"(the file has tp {sorted(frame['num_tensor_parallel_workers'].unique())})"
             )
@@ -83,7 +86,7 @@ class VidurProfileCost(RooflineCost):
     def _default_path(self) -> str:
         gpu, model = self.gpu_spec.name, self.model_spec.name
         if gpu not in PROFILE_DIRS or model not in PROFILE_DIRS:
-            raise ValueError(
+            raise CostModelError(
                 f"no bundled Vidur profile location for {model} on {gpu}; give cost_model.path"
             )
         return str(Path(DEFAULT_ROOT) / PROFILE_DIRS[gpu] / PROFILE_DIRS[model] / "mlp.csv")

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from simulator.core.errors import ConfigError
 from simulator.core.service import LinearService, ProfiledService
 from traces.schema import Trace
 
@@ -25,11 +26,11 @@ def client_weights(trace: Trace, overrides: Mapping[str, float] | None) -> np.nd
     weight = trace.client_weight.astype(np.float64)
     for name, w in (overrides or {}).items():
         if name not in trace.client_names:
-            raise ValueError(
+            raise ConfigError(
                 f"policy.weights: unknown client {name!r}; clients are {list(trace.client_names)}"
             )
         if not (np.isfinite(w) and w > 0):
-            raise ValueError(f"policy.weights[{name}] must be a number > 0, got {w!r}")
+            raise ConfigError(f"policy.weights[{name}] must be a number > 0, got {w!r}")
         weight[trace.client_names.index(name)] = float(w)
     return weight
 

@@ -21,6 +21,7 @@ import pandas as pd
 from policies.base import BasePolicy
 from policies.charging import TokenCharges, client_weights, sequential_sum
 from simulator.core.counters import DECODE, PROMPT, REFILL, CounterLog
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import Admission, Charge, OutputTokens, PromptTokens, Verdict
 from simulator.core.service import make_service
@@ -40,7 +41,7 @@ class DRR(BasePolicy):
         service: str = "linear",
     ) -> None:
         if not (np.isfinite(quantum) and quantum > 0):
-            raise ValueError(f"policy.quantum must be a number > 0, got {quantum!r}")
+            raise ConfigError(f"policy.quantum must be a number > 0, got {quantum!r}")
         self.quantum = float(quantum)
         self.service = make_service(service, input_price, output_price)
         self.weights = dict(weights or {})

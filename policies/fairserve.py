@@ -37,6 +37,7 @@ from policies.charging import sequential_sum
 from policies.rpm import RPM
 from policies.vtc import LIFTS, LeastServed
 from simulator.core.counters import ADMIT, COMPLETE, DECODE, PROMPT
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import (
     ALL_CHARGES,
@@ -104,21 +105,21 @@ class FairServe(LeastServed):
         victim: str = "fcfs",
     ) -> None:
         if charge not in CHARGES:
-            raise ValueError(f"policy.charge must be one of {CHARGES}, got {charge!r}")
+            raise ConfigError(f"policy.charge must be one of {CHARGES}, got {charge!r}")
         if throttle not in THROTTLES:
-            raise ValueError(f"policy.throttle must be one of {THROTTLES}, got {throttle!r}")
+            raise ConfigError(f"policy.throttle must be one of {THROTTLES}, got {throttle!r}")
         if lift not in LIFTS:
-            raise ValueError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
+            raise ConfigError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
         for key, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not (np.isfinite(v) and v >= 0):
-                raise ValueError(f"policy.{key} must be a number >= 0, got {v!r}")
+                raise ConfigError(f"policy.{key} must be a number >= 0, got {v!r}")
         if not gamma > 0:
-            raise ValueError("policy.gamma must be > 0 (every call has output tokens)")
+            raise ConfigError("policy.gamma must be > 0 (every call has output tokens)")
         for key, v in (("user_limit", user_limit), ("app_limit", app_limit)):
             if int(v) != v or v < 1:
-                raise ValueError(f"policy.{key} must be an integer >= 1, got {v!r}")
+                raise ConfigError(f"policy.{key} must be an integer >= 1, got {v!r}")
         if not window > 0:
-            raise ValueError(f"policy.window must be > 0 seconds, got {window!r}")
+            raise ConfigError(f"policy.window must be > 0 seconds, got {window!r}")
         self.charge_form, self.lift, self.throttle = charge, lift, throttle
         self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
         self.priority = dict(priority or {})
@@ -165,9 +166,9 @@ class FairServe(LeastServed):
         factor = np.ones(trace.num_clients)
         for name, e in self.priority.items():
             if name not in trace.client_names:
-                raise ValueError(f"policy.priority: unknown user {name!r}")
+                raise ConfigError(f"policy.priority: unknown user {name!r}")
             if not (np.isfinite(e) and e > 0):
-                raise ValueError(f"policy.priority[{name}] must be a number > 0, got {e!r}")
+                raise ConfigError(f"policy.priority[{name}] must be a number > 0, got {e!r}")
             factor[trace.client_names.index(name)] = float(e)
         return factor
 
@@ -177,7 +178,7 @@ class FairServe(LeastServed):
         names = trace.app_names or ("default",)
         for name in self.app_stats:
             if name not in names:
-                raise ValueError(f"policy.app_stats: unknown app {name!r}; apps are {list(names)}")
+                raise ConfigError(f"policy.app_stats: unknown app {name!r}; apps are {list(names)}")
         key = self.app * (int(self.call.max()) + 1) + self.call if by_stage else self.app
         _, group = np.unique(key, return_inverse=True)
         sums = np.zeros((group.max() + 1, 3))
@@ -188,7 +189,7 @@ class FairServe(LeastServed):
             try:
                 given = [float(stats[k]) for k in ("input", "system", "output")]
             except KeyError as e:
-                raise ValueError(
+                raise ConfigError(
                     f"policy.app_stats[{name}] needs input, system and output, missing {e}"
                 ) from None
             out[self.app == names.index(name)] = given

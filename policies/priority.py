@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from policies.base import BasePolicy
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from traces.schema import Trace
 
@@ -18,13 +19,13 @@ class Priority(BasePolicy):
         self.priorities = dict(priorities or {})
         for name, p in self.priorities.items():
             if int(p) != p:
-                raise ValueError(f"policy.priorities[{name}] must be an integer, got {p!r}")
+                raise ConfigError(f"policy.priorities[{name}] must be an integer, got {p!r}")
 
     def bind(self, trace: Trace) -> None:
         super().bind(trace)
         unknown = set(self.priorities) - set(trace.client_names)
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"policy.priorities: unknown client {sorted(unknown)[0]!r}; clients are "
                 f"{list(trace.client_names)}"
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from policies.base import BasePolicy
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from traces.schema import Trace
 
@@ -19,9 +20,9 @@ class RPM(BasePolicy):
 
     def __init__(self, limit: int, window: float = 60.0) -> None:
         if int(limit) != limit or limit < 1:
-            raise ValueError(f"policy.limit must be an integer >= 1, got {limit!r}")
+            raise ConfigError(f"policy.limit must be an integer >= 1, got {limit!r}")
         if not window > 0:
-            raise ValueError(f"policy.window must be > 0 seconds, got {window!r}")
+            raise ConfigError(f"policy.window must be > 0 seconds, got {window!r}")
         self.limit, self.window = int(limit), float(window)
 
     def bind(self, trace: Trace) -> None:

@@ -25,6 +25,7 @@ import pandas as pd
 from policies.base import BasePolicy
 from policies.charging import TokenCharges, client_weights, sequential_sum
 from simulator.core.counters import ADMIT, DECODE, FINISH_EXTRA, LIFT, PROMPT, REFUND, CounterLog
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import ALL_CHARGES, Admission, Charge, OutputTokens, PromptTokens, Verdict
 from simulator.core.service import make_service
@@ -101,7 +102,7 @@ class LeastServed(BasePolicy):
     @staticmethod
     def _check_victim(victim: str) -> str:
         if victim not in VICTIMS:
-            raise ValueError(f"policy.victim must be one of {VICTIMS}, got {victim!r}")
+            raise ConfigError(f"policy.victim must be one of {VICTIMS}, got {victim!r}")
         return victim
 
 
@@ -123,13 +124,13 @@ class VTC(LeastServed):
         victim: str = "fcfs",
     ) -> None:
         if lift not in LIFTS:
-            raise ValueError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
+            raise ConfigError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
         if prediction not in PREDICTIONS:
-            raise ValueError(f"policy.prediction must be one of {PREDICTIONS}, got {prediction!r}")
+            raise ConfigError(f"policy.prediction must be one of {PREDICTIONS}, got {prediction!r}")
         if not (0.0 <= predict_range <= 1.0):
-            raise ValueError(f"policy.predict_range must be in [0, 1], got {predict_range!r}")
+            raise ConfigError(f"policy.predict_range must be in [0, 1], got {predict_range!r}")
         if predict_range and prediction != "oracle":
-            raise ValueError("policy.predict_range applies only to prediction=oracle (VTC(±r))")
+            raise ConfigError("policy.predict_range applies only to prediction=oracle (VTC(±r))")
         self.service = make_service(service, input_price, output_price)
         self.output_price = float(output_price)
         self.lift, self.prediction = lift, prediction

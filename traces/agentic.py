@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from traces.files import numbers, read_table, require, resolve_path
-from traces.schema import Trace
+from traces.schema import Trace, TraceError
 
 COLUMNS = [
     "trace_id",
@@ -50,9 +50,9 @@ def load_agentic_sessions(
     block_hashes: bool = False,
 ) -> Trace:
     if mode not in ("chained", "open_loop"):
-        raise ValueError(f"mode must be 'chained' or 'open_loop', got {mode!r}")
+        raise TraceError(f"mode must be 'chained' or 'open_loop', got {mode!r}")
     if not (np.isfinite(session_rate) and session_rate > 0):
-        raise ValueError(f"session_rate must be > 0 sessions/s, got {session_rate!r}")
+        raise TraceError(f"session_rate must be > 0 sessions/s, got {session_rate!r}")
     p = resolve_path(path, "agentic sessions file")
     df = read_table(p, "csv")
     src = str(p)

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from traces.schema import TraceError
+
 
 class ArrivalProcess(Protocol):
     def times(self, duration: float, rng: np.random.Generator) -> np.ndarray: ...
@@ -27,7 +29,7 @@ class ArrivalProcess(Protocol):
 
 def _positive(name: str, value: float) -> None:
     if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise TraceError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 def _renewal(
@@ -192,7 +194,7 @@ class Piecewise:
 
     def __post_init__(self) -> None:
         if not self.phases:
-            raise ValueError("Piecewise needs at least one phase")
+            raise TraceError("Piecewise needs at least one phase")
         for i, p in enumerate(self.phases):
             _positive(f"Piecewise.phases[{i}].duration", p.duration)
 

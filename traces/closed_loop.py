@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.schema import Trace
+from traces.schema import Trace, TraceError
 from traces.synthetic import SyntheticWorkload
 
 THINK_DISTRIBUTIONS = ("fixed", "exponential")
@@ -46,18 +46,18 @@ class ClosedLoop:
         for field_name in ("users", "num_requests"):
             v = getattr(self, field_name)
             if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ValueError(f"{where}: {field_name} must be an integer >= 1, got {v!r}")
+                raise TraceError(f"{where}: {field_name} must be an integer >= 1, got {v!r}")
         if self.num_requests < self.users:
-            raise ValueError(
+            raise TraceError(
                 f"{where}: num_requests ({self.num_requests}) must be >= users ({self.users}), "
                 "so that every user sends at least one request"
             )
         for field_name in ("think_time", "start_spread"):
             v = getattr(self, field_name)
             if not (np.isfinite(v) and v >= 0):
-                raise ValueError(f"{where}: {field_name} must be a number >= 0, got {v!r}")
+                raise TraceError(f"{where}: {field_name} must be a number >= 0, got {v!r}")
         if self.think not in THINK_DISTRIBUTIONS:
-            raise ValueError(f"{where}: think: got {self.think!r}; accepted: {THINK_DISTRIBUTIONS}")
+            raise TraceError(f"{where}: think: got {self.think!r}; accepted: {THINK_DISTRIBUTIONS}")
 
     def configured_rate(self) -> None:
         """A closed loop has no configured arrival rate (the engine's speed sets it)."""

@@ -9,6 +9,8 @@ from typing import Protocol
 
 import numpy as np
 
+from traces.schema import TraceError
+
 
 class LengthDistribution(Protocol):
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray: ...
@@ -20,7 +22,7 @@ class Fixed:
 
     def __post_init__(self) -> None:
         if int(self.value) != self.value or self.value < 1:
-            raise ValueError(f"Fixed.value must be an integer >= 1, got {self.value!r}")
+            raise TraceError(f"Fixed.value must be an integer >= 1, got {self.value!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return np.full(n, int(self.value), dtype=np.int64)
@@ -35,7 +37,7 @@ class UniformInt:
 
     def __post_init__(self) -> None:
         if not (1 <= self.low < self.high):
-            raise ValueError(
+            raise TraceError(
                 f"UniformInt needs 1 <= low < high (high excluded), got [{self.low}, {self.high})"
             )
 
@@ -56,14 +58,14 @@ class Empirical:
     def __post_init__(self) -> None:
         v = np.asarray(self.values)
         if v.ndim != 1 or v.size == 0:
-            raise ValueError("Empirical.values must be a non-empty list of lengths")
+            raise TraceError("Empirical.values must be a non-empty list of lengths")
         if (v < 1).any() or (v != np.round(v)).any():
             i = int(np.argmax((v < 1) | (v != np.round(v))))
-            raise ValueError(f"Empirical.values[{i}] = {v[i]!r}; accepted: integers >= 1")
+            raise TraceError(f"Empirical.values[{i}] = {v[i]!r}; accepted: integers >= 1")
         if self.weights is not None:
             w = np.asarray(self.weights, dtype=float)
             if w.shape != v.shape or (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
-                raise ValueError(
+                raise TraceError(
                     "Empirical.weights must match values in length, be finite, >= 0, sum > 0"
                 )
 
@@ -81,7 +83,7 @@ class Empirical:
 
         df = pd.read_csv(path)
         if column not in df.columns:
-            raise ValueError(f"{path}: no column '{column}'; columns are {list(df.columns)}")
+            raise TraceError(f"{path}: no column '{column}'; columns are {list(df.columns)}")
         return cls(values=tuple(int(x) for x in df[column].to_numpy()))
 
 
@@ -99,7 +101,7 @@ class LogNormal:
 
     def __post_init__(self) -> None:
         if not (self.median >= 1 and self.sigma > 0 and self.max_value >= 1):
-            raise ValueError(f"LogNormal needs median >= 1, sigma > 0, max_value >= 1; got {self}")
+            raise TraceError(f"LogNormal needs median >= 1, sigma > 0, max_value >= 1; got {self}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         x = rng.lognormal(np.log(self.median), self.sigma, size=n)

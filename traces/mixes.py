@@ -18,6 +18,7 @@ import numpy as np
 
 from traces.arrivals import Gamma, Poisson
 from traces.lengths import LogNormal
+from traces.schema import TraceError
 from traces.synthetic import ClientSpec, SyntheticWorkload
 
 # requests per client in the VTC artifact's stored real trace (1,500 requests in 600 s)
@@ -48,9 +49,9 @@ def servegen_like(
     inter-arrival CV log-uniform in [0.7, 4], prompt medians log-uniform in [100, 3000]
     (sigma 1), output medians in [30, 400] (sigma 0.8)."""
     if int(num_clients) != num_clients or num_clients < 1:
-        raise ValueError(f"servegen_like: num_clients must be >= 1, got {num_clients}")
+        raise TraceError(f"servegen_like: num_clients must be >= 1, got {num_clients}")
     if not (total_rate > 0 and duration > 0 and alpha > 0):
-        raise ValueError("servegen_like: total_rate, duration and alpha must be > 0")
+        raise TraceError("servegen_like: total_rate, duration and alpha must be > 0")
     rng = np.random.default_rng(pool_seed)
     weights = np.sort(rng.pareto(alpha, num_clients) + 1.0)[::-1]
     rates = total_rate * weights / weights.sum()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from traces.lengths import Empirical, LengthDistribution
-from traces.schema import Trace
+from traces.schema import Trace, TraceError
 
 MODES = ("open_loop", "chained")
 # calls per interaction: most 1, some 2-4, rare long chains (26.8% have more than one call)
@@ -42,13 +42,13 @@ class AppSpec:
 
     def __post_init__(self) -> None:
         if int(self.users) != self.users or self.users < 0:
-            raise ValueError(f"app '{self.name}': users must be an integer >= 0")
+            raise TraceError(f"app '{self.name}': users must be an integer >= 0")
         if not (np.isfinite(self.user_rate) and self.user_rate > 0):
-            raise ValueError(f"app '{self.name}': user_rate must be > 0, got {self.user_rate}")
+            raise TraceError(f"app '{self.name}': user_rate must be > 0, got {self.user_rate}")
         if not (self.rate_sigma >= 0):
-            raise ValueError(f"app '{self.name}': rate_sigma must be >= 0")
+            raise TraceError(f"app '{self.name}': rate_sigma must be >= 0")
         if int(self.system_prompt) != self.system_prompt or self.system_prompt < 0:
-            raise ValueError(f"app '{self.name}': system_prompt must be an integer >= 0")
+            raise TraceError(f"app '{self.name}': system_prompt must be an integer >= 0")
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,11 @@ class AbusiveUsers:
 
     def __post_init__(self) -> None:
         if int(self.users) != self.users or self.users < 1:
-            raise ValueError("AbusiveUsers.users must be an integer >= 1")
+            raise TraceError("AbusiveUsers.users must be an integer >= 1")
         if not (np.isfinite(self.rate) and self.rate > 0):
-            raise ValueError(f"AbusiveUsers.rate must be > 0, got {self.rate}")
+            raise TraceError(f"AbusiveUsers.rate must be > 0, got {self.rate}")
         if not (0 <= self.start < self.end):
-            raise ValueError(f"AbusiveUsers needs 0 <= start < end, got [{self.start}, {self.end})")
+            raise TraceError(f"AbusiveUsers needs 0 <= start < end, got [{self.start}, {self.end})")
 
 
 @dataclass
@@ -100,21 +100,21 @@ class MultiAppWorkload:
 
     def __post_init__(self) -> None:
         if not self.apps:
-            raise ValueError(f"workload '{self.name}': 'apps' is empty")
+            raise TraceError(f"workload '{self.name}': 'apps' is empty")
         names = [a.name for a in self.apps]
         if len(set(names)) != len(names):
-            raise ValueError(f"workload '{self.name}': app names repeat: {names}")
+            raise TraceError(f"workload '{self.name}': app names repeat: {names}")
         if self.mode not in MODES:
-            raise ValueError(f"workload.mode must be one of {MODES}, got {self.mode!r}")
+            raise TraceError(f"workload.mode must be one of {MODES}, got {self.mode!r}")
         if not (np.isfinite(self.duration) and self.duration > 0):
-            raise ValueError(f"workload '{self.name}': duration must be > 0")
+            raise TraceError(f"workload '{self.name}': duration must be > 0")
         if not (np.isfinite(self.rate_scale) and self.rate_scale > 0):
-            raise ValueError(f"workload.rate_scale must be > 0, got {self.rate_scale}")
+            raise TraceError(f"workload.rate_scale must be > 0, got {self.rate_scale}")
         if self.call_gap < 0 or self.think_time < 0:
-            raise ValueError("workload.call_gap and workload.think_time must be >= 0")
+            raise TraceError("workload.call_gap and workload.think_time must be >= 0")
         for a in self.abusive:
             if a.app not in names:
-                raise ValueError(f"abusive users: unknown app {a.app!r}; apps are {names}")
+                raise TraceError(f"abusive users: unknown app {a.app!r}; apps are {names}")
 
     def build(self, seed: int) -> Trace:
         root = np.random.SeedSequence(seed)
@@ -133,7 +133,7 @@ class MultiAppWorkload:
                 name = f"{abuse.app}/abuser{g}.{k}"
                 self._user(calls, name, specs[abuse.app], abuse.rate, abuse.start, user_ss, end)
         if not calls.arrival:
-            raise ValueError(f"workload '{self.name}' produced no requests; raise rates/duration")
+            raise TraceError(f"workload '{self.name}' produced no requests; raise rates/duration")
         cols = {k: np.concatenate(v) for k, v in calls.cols.items()}
         arrival = np.concatenate(calls.arrival)
         # interactions numbered in the order their first calls arrive

@@ -16,7 +16,7 @@ import numpy as np
 
 from traces.arrivals import ArrivalProcess
 from traces.loaders import load, load_lengths
-from traces.schema import Trace
+from traces.schema import Trace, TraceError
 from traces.transforms import merge
 
 
@@ -78,7 +78,7 @@ class LengthsWorkload:
         arr_ss, len_ss, tf_ss = np.random.SeedSequence(seed).spawn(3)
         times = np.sort(self.arrival.times(self.duration, np.random.default_rng(arr_ss)))
         if times.size == 0:
-            raise ValueError(f"workload '{self.name}': no arrivals in {self.duration} s")
+            raise TraceError(f"workload '{self.name}': no arrivals in {self.duration} s")
         rows = np.random.default_rng(len_ss).integers(0, prompts.size, size=times.size)
         trace = Trace.from_columns(
             client=np.full(times.size, self.client, dtype=object),
@@ -100,7 +100,7 @@ class Tenants:
 
     def build(self, seed: int) -> Trace:
         if not self.parts:
-            raise ValueError(f"workload '{self.name}': parts is empty; give at least one")
+            raise TraceError(f"workload '{self.name}': parts is empty; give at least one")
         streams = np.random.SeedSequence(seed).spawn(len(self.parts))
         traces = {
             name: part.build(int(ss.generate_state(1)[0]))

@@ -17,7 +17,8 @@ OPTIONAL_INT_COLUMNS = ("interaction_id", "call_index", "num_calls", "system_pro
 
 
 class TraceError(ValueError):
-    """A trace that cannot be used; the message names source, row, field and what is accepted."""
+    """A trace or workload setting that cannot be used; the message names the source (file or
+    workload), the row and field where there is one, and what is accepted."""
 
 
 def _fail(source: str, row: int | None, fieldname: str, got: object, accepted: str) -> TraceError:

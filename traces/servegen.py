@@ -174,7 +174,7 @@ def _pool_pmf(clients: list[ClientStats], window: float, which: int) -> PMF:
     """All clients' PMFs for a window, averaged (the fallback for clients without PMFs)."""
     pmfs = [both[which] for c in clients if (both := c.lengths(window)) is not None]
     if not pmfs:
-        raise ValueError(f"no client of the pool has length PMFs for window {window:g}")
+        raise TraceError(f"no client of the pool has length PMFs for window {window:g}")
     values = np.unique(np.concatenate([p.values for p in pmfs]))
     probs = np.zeros(values.size)
     for p in pmfs:
@@ -200,7 +200,7 @@ class ServeGenPool:
 
     def build(self, seed: int) -> Trace:
         if not (self.target_rate > 0 and self.duration > 0 and self.start >= 0):
-            raise ValueError(
+            raise TraceError(
                 f"workload '{self.name}': needs target_rate > 0, duration > 0, start >= 0"
             )
         pool = load_servegen_pool(self.path)
@@ -208,12 +208,12 @@ class ServeGenPool:
             known = {c.client_id for c in pool}
             missing = sorted(set(self.clients) - known)
             if missing:
-                raise ValueError(f"workload '{self.name}': clients {missing} not in the pool")
+                raise TraceError(f"workload '{self.name}': clients {missing} not in the pool")
             pool = [c for c in pool if c.client_id in set(self.clients)]
         end = self.start + self.duration
         total = sum(self._mean_rate(c, end) for c in pool)
         if total <= 0:
-            raise ValueError(f"workload '{self.name}': the pool sends nothing in the period")
+            raise TraceError(f"workload '{self.name}': the pool sends nothing in the period")
         factor = self.target_rate / total  # gaps are divided by it
         names, times, prompt, output = [], [], [], []
         fallback = 0
@@ -234,7 +234,7 @@ class ServeGenPool:
             output.append(o_c)
         a_all = np.concatenate(times) - self.start
         if a_all.size == 0:
-            raise ValueError(f"workload '{self.name}': no requests generated")
+            raise TraceError(f"workload '{self.name}': no requests generated")
         order = np.argsort(a_all, kind="stable")
         return Trace.from_columns(
             client=np.concatenate(names)[order],

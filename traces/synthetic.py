@@ -14,7 +14,7 @@ import numpy as np
 
 from traces.arrivals import ArrivalProcess
 from traces.lengths import LengthDistribution
-from traces.schema import Trace
+from traces.schema import Trace, TraceError
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,16 @@ class SyntheticWorkload:
 
     def __post_init__(self) -> None:
         if not self.clients:
-            raise ValueError(f"workload '{self.name}': 'clients' is empty; give at least one")
+            raise TraceError(f"workload '{self.name}': 'clients' is empty; give at least one")
         if not (np.isfinite(self.duration) and self.duration > 0):
-            raise ValueError(f"workload '{self.name}': duration must be > 0, got {self.duration}")
+            raise TraceError(f"workload '{self.name}': duration must be > 0, got {self.duration}")
         if not (np.isfinite(self.rate_scale) and self.rate_scale > 0):
-            raise ValueError(
+            raise TraceError(
                 f"workload '{self.name}': rate_scale must be > 0, got {self.rate_scale}"
             )
         names = [c.name for c in self.clients]
         if len(set(names)) != len(names):
-            raise ValueError(f"workload '{self.name}': client names repeat: {names}")
+            raise TraceError(f"workload '{self.name}': client names repeat: {names}")
         object.__setattr__(self, "clients_by_name", {c.name: c for c in self.clients})
 
     def configured_rate(self) -> float:
@@ -69,7 +69,7 @@ class SyntheticWorkload:
         a = np.concatenate(arrival)
         c = np.concatenate(client)
         if a.size == 0:
-            raise ValueError(
+            raise TraceError(
                 f"workload '{self.name}' produced no requests in {self.duration} s; "
                 "raise the rates or the duration"
             )

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.schema import Trace
+from traces.schema import Trace, TraceError
 
 
 def mean_rate(trace: Trace) -> float:
     """Requests per second as the inverse of the mean inter-arrival time: (n - 1) / span."""
     span = float(trace.arrival[-1] - trace.arrival[0])
     if len(trace) < 2 or span <= 0:
-        raise ValueError(f"{trace.source}: a rate needs at least two distinct arrival times")
+        raise TraceError(f"{trace.source}: a rate needs at least two distinct arrival times")
     return (len(trace) - 1) / span
 
 
@@ -31,7 +31,7 @@ def _noted(trace: Trace, note: str) -> Trace:
 def _kept(trace: Trace, keep: np.ndarray, what: str) -> Trace:
     rows = np.flatnonzero(keep)
     if rows.size == 0:
-        raise ValueError(f"{trace.source}: {what} leaves no requests")
+        raise TraceError(f"{trace.source}: {what} leaves no requests")
     out = trace.take(rows)
     dropped = len(trace) - rows.size
     return _noted(out, f"{what}: dropped {dropped} of {len(trace)}") if dropped else out
@@ -47,7 +47,7 @@ class Window:
 
     def apply(self, trace: Trace, rng: np.random.Generator | None = None) -> Trace:
         if not self.start < self.end:
-            raise ValueError(f"Window needs start < end, got [{self.start}, {self.end})")
+            raise TraceError(f"Window needs start < end, got [{self.start}, {self.end})")
         t = trace.arrival
         out = _kept(trace, (t >= self.start) & (t < self.end), f"window [{self.start}, {self.end})")
         if not self.shift:
@@ -63,7 +63,7 @@ class ScaleToRate:
 
     def apply(self, trace: Trace, rng: np.random.Generator | None = None) -> Trace:
         if not (np.isfinite(self.rate) and self.rate > 0):
-            raise ValueError(f"ScaleToRate.rate must be > 0, got {self.rate!r}")
+            raise TraceError(f"ScaleToRate.rate must be > 0, got {self.rate!r}")
         factor = mean_rate(trace) / self.rate
         t0 = trace.arrival[0]
         scaled = t0 + (trace.arrival - t0) * factor
@@ -81,7 +81,7 @@ class SampleRescale:
     def apply(self, trace: Trace, rng: np.random.Generator | None = None) -> Trace:
         k = int(round(self.rate * self.duration))
         if not 2 <= k <= len(trace):
-            raise ValueError(
+            raise TraceError(
                 f"{trace.source}: SampleRescale needs 2 <= rate * duration <= {len(trace)} "
                 f"requests, got {self.rate} * {self.duration} = {k}"
             )
@@ -106,7 +106,7 @@ class ScaleTokens:
         for name in ("prompt", "output"):
             v = getattr(self, name)
             if not (np.isfinite(v) and v > 0):
-                raise ValueError(f"ScaleTokens.{name} must be > 0, got {v!r}")
+                raise TraceError(f"ScaleTokens.{name} must be > 0, got {v!r}")
 
         def scale(x: np.ndarray, f: float) -> np.ndarray:
             return np.maximum(1, np.floor(x * f + 0.5)).astype(np.int64)
@@ -131,7 +131,7 @@ class FilterLengths:
         p_max = np.inf if self.prompt_below is None else self.prompt_below
         o_max = np.inf if self.output_below is None else self.output_below
         if not (p_max > 1 and o_max > 1):
-            raise ValueError(f"FilterLengths bounds must be > 1, got {self}")
+            raise TraceError(f"FilterLengths bounds must be > 1, got {self}")
         if not self.cap:
             keep = (trace.prompt_len < p_max) & (trace.output_len < o_max)
             return _kept(trace, keep, f"lengths prompt < {p_max}, output < {o_max}")
@@ -162,18 +162,18 @@ class AssignClients:
 
     def probabilities(self, rng: np.random.Generator) -> tuple[list[str], np.ndarray]:
         if self.mode not in ASSIGN_MODES:
-            raise ValueError(f"AssignClients.mode: got {self.mode!r}; accepted: {ASSIGN_MODES}")
+            raise TraceError(f"AssignClients.mode: got {self.mode!r}; accepted: {ASSIGN_MODES}")
         if self.mode == "shares":
             if not self.shares:
-                raise ValueError("AssignClients(mode=shares) needs shares: {name: share, ...}")
+                raise TraceError("AssignClients(mode=shares) needs shares: {name: share, ...}")
             w = np.array(list(self.shares.values()), dtype=float)
             if not (np.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
-                raise ValueError(f"AssignClients.shares must be >= 0 with a positive sum: {w}")
+                raise TraceError(f"AssignClients.shares must be >= 0 with a positive sum: {w}")
             return [str(k) for k in self.shares], w / w.sum()
         if int(self.num_clients) != self.num_clients or self.num_clients < 1:
-            raise ValueError(f"AssignClients.num_clients must be >= 1, got {self.num_clients}")
+            raise TraceError(f"AssignClients.num_clients must be >= 1, got {self.num_clients}")
         if not self.alpha > 0:
-            raise ValueError(f"AssignClients.alpha must be > 0, got {self.alpha}")
+            raise TraceError(f"AssignClients.alpha must be > 0, got {self.alpha}")
         names = [f"client{i}" for i in range(self.num_clients)]
         if self.mode == "zipf":
             w = 1.0 / np.arange(1, self.num_clients + 1) ** self.alpha
@@ -198,7 +198,7 @@ def merge(parts: Mapping[str, Trace]) -> Trace:
     `name/client`; requests interleave by time (ties: the earlier part first) and are renumbered
     0, 1, ... in that order."""
     if not parts:
-        raise ValueError("merge needs at least one trace")
+        raise TraceError("merge needs at least one trace")
     names: list[str] = []
     weights: dict[str, float] = {}
     clients, arrival, prompt, output, part_of = [], [], [], [], []

@@ -79,23 +79,23 @@ class ArtifactSuite:
     def __post_init__(self) -> None:
         where = f"workload '{self.name}'"
         if self.mode not in MODES:
-            raise ValueError(f"{where}: mode must be one of {MODES}, got {self.mode!r}")
+            raise TraceError(f"{where}: mode must be one of {MODES}, got {self.mode!r}")
         if not self.rates or any(not (np.isfinite(r) and r > 0) for r in self.rates):
-            raise ValueError(f"{where}: rates must be numbers > 0, got {list(self.rates)}")
+            raise TraceError(f"{where}: rates must be numbers > 0, got {list(self.rates)}")
         if self.mode != "uniform" and len(self.rates) != 2:
-            raise ValueError(f"{where}: mode {self.mode!r} takes exactly 2 rates")
+            raise TraceError(f"{where}: mode {self.mode!r} takes exactly 2 rates")
         if not (np.isfinite(self.duration) and self.duration > 0):
-            raise ValueError(f"{where}: duration must be > 0, got {self.duration}")
+            raise TraceError(f"{where}: duration must be > 0, got {self.duration}")
         for label, (lo, hi) in (
             ("input_range", self.input_range),
             ("output_range", self.output_range),
         ):
             if not (1 <= lo < hi):
-                raise ValueError(f"{where}: {label} must be [lo, hi) with 1 <= lo < hi")
+                raise TraceError(f"{where}: {label} must be [lo, hi) with 1 <= lo < hi")
         if self.weights is not None and len(self.weights) != len(self.rates):
-            raise ValueError(f"{where}: weights needs one value per client ({len(self.rates)})")
+            raise TraceError(f"{where}: weights needs one value per client ({len(self.rates)})")
         if self.cv == 0:
-            raise ValueError(f"{where}: cv must be nonzero (-1 or 1 means Poisson)")
+            raise TraceError(f"{where}: cv must be nonzero (-1 or 1 means Poisson)")
 
     def build(self, seed: int) -> Trace:
         rs = np.random.RandomState(seed)

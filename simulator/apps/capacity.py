@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from simulator.core.errors import ConfigError
+
 Metrics = dict[str, float]
 Check = Callable[[float], tuple[bool, Metrics]]  # value -> (passed, what was measured)
 Measure = Callable[[int], Metrics]  # value -> averaged metrics incl. success_rate
@@ -55,7 +57,7 @@ def etalon_search(
     the last probe, when a probe repeats, or after `max_iterations` probes. Etalon rounds QPS to
     2 decimals; `decimals=0` searches the integers (a number of concurrent users)."""
     if not start > 0:
-        raise ValueError(f"capacity.start must be > 0, got {start}")
+        raise ConfigError(f"capacity.start must be > 0, got {start}")
     left, right = 0.0, 2.0 * start
     smallest_fail = math.inf
     best: float | None = None
@@ -136,14 +138,14 @@ class Condition:
 def parse_sla_params(groups: list[dict[str, str]]) -> list[list[Condition]]:
     """EvalScope's `--sla-params`: a list of groups {metric: "<=2" | "max" | "min", ...}."""
     if not isinstance(groups, list) or not groups:
-        raise ValueError(
+        raise ConfigError(
             f"capacity.sla_params: got {groups!r}; accepted: a non-empty list of "
             'groups such as [{"p99_ttft": "<=2", "avg_tpot": "<0.05"}]'
         )
     out = []
     for i, group in enumerate(groups):
         if not isinstance(group, dict) or not group:
-            raise ValueError(
+            raise ConfigError(
                 f"capacity.sla_params[{i}]: got {group!r}; accepted: a non-empty "
                 "mapping of metric to condition"
             )
@@ -155,13 +157,13 @@ def parse_sla_params(groups: list[dict[str, str]]) -> list[list[Condition]]:
                 continue
             m = CRITERION.match(text)
             if m is None:
-                raise ValueError(
+                raise ConfigError(
                     f"capacity.sla_params[{i}], field '{metric}': got {text!r}; "
                     "accepted: <=, >=, <, > followed by a number, or max / min"
                 )
             conds.append(Condition(str(metric), m.group(1), float(m.group(2))))
         if any(c.op in ("max", "min") for c in conds) and (len(conds) > 1 or len(groups) > 1):
-            raise ValueError(
+            raise ConfigError(
                 f"capacity.sla_params[{i}]: max/min must be the only criterion of "
                 "the only group (EvalScope's extremum mode)"
             )
@@ -180,7 +182,7 @@ def evalscope_search(
     """One EvalScope search for one criteria group (conditions ANDed; a point also fails unless
     every request succeeded). Extremum mode when the group is a single max/min criterion."""
     if not 1 <= lower <= start <= upper:
-        raise ValueError(
+        raise ConfigError(
             f"capacity: need 1 <= lower <= start <= upper; got {lower}, {start}, {upper}"
         )
     history: list[Probe] = []

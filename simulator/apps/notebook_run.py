@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from simulator.core.errors import ConfigError
+
 
 def execute(source: Path, scale: str, workdir: Path | None = None, timeout: int = 1800) -> Any:
     """The executed notebook (an nbformat NotebookNode); raises CellExecutionError naming the
@@ -22,7 +24,7 @@ def execute(source: Path, scale: str, workdir: Path | None = None, timeout: int 
     tags = [c.metadata.get("tags", []) for c in nb.cells]
     at = next((i for i, t in enumerate(tags) if "parameters" in t), None)
     if at is None:
-        raise ValueError(f"{source}: no cell tagged 'parameters' (where SCALE is set)")
+        raise ConfigError(f"{source}: no cell tagged 'parameters' (where SCALE is set)")
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell(f"SCALE = {scale!r}  # injected"))
     resources = {"metadata": {"path": str(workdir)}} if workdir is not None else {}
     nbclient.NotebookClient(

@@ -16,6 +16,7 @@ import pandas as pd
 
 from cost_models.base import StepCostModel
 from policies.fcfs import FCFS
+from simulator.core.errors import ConfigError
 from simulator.engines import SLoRAConfig, simulate
 from simulator.engines.step_model import EngineConfig
 from traces.schema import Trace
@@ -31,7 +32,7 @@ def profile_prefill(
     """TTFT of lone requests at each prompt length (columns prompt_len, ttft)."""
     lengths = sorted({int(p) for p in lengths})
     if not lengths or lengths[0] < 1:
-        raise ValueError(f"profile lengths must be integers >= 1; got {lengths}")
+        raise ConfigError(f"profile lengths must be integers >= 1; got {lengths}")
     biggest = lengths[-1]
     spacing = 2.0 * float(cost_model.prefill_time(np.array([biggest]))) + 1.0
     trace = Trace.from_columns(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.core.errors import ConfigError
+
 SERVICES = ("linear", "profiled")
 
 
@@ -19,7 +21,7 @@ class LinearService:
     def __init__(self, input_price: float = 1.0, output_price: float = 2.0) -> None:
         for label, price in (("input_price", input_price), ("output_price", output_price)):
             if not (np.isfinite(price) and price >= 0):
-                raise ValueError(f"policy.{label} must be a number >= 0, got {price!r}")
+                raise ConfigError(f"policy.{label} must be a number >= 0, got {price!r}")
         self.input_price, self.output_price = float(input_price), float(output_price)
 
     def __call__(self, n_p: np.ndarray | float, n_q: np.ndarray | float) -> np.ndarray:
@@ -49,4 +51,4 @@ def make_service(
         return LinearService(input_price, output_price)
     if name == "profiled":
         return ProfiledService()
-    raise ValueError(f"policy.service must be one of {SERVICES}, got {name!r}")
+    raise ConfigError(f"policy.service must be one of {SERVICES}, got {name!r}")

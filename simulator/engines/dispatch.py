@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from simulator.core.errors import ConfigError
 from simulator.core.seam import CounterPolicy, Policy
 from simulator.engines.step_model import StepModel
 
@@ -98,7 +99,7 @@ class Central(Dispatcher):
 class GlobalVTC(Central):
     def check(self, policy: Policy) -> None:
         if not isinstance(policy, CounterPolicy):
-            raise ValueError(
+            raise ConfigError(
                 f"cluster.dispatcher=global_vtc needs a policy with per-client counters (vtc, "
                 f"lcf, drr, fairserve, ...), got policy {policy.name!r}; dispatcher=central "
                 "shares any policy"
@@ -122,9 +123,9 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if int(self.replicas) != self.replicas or self.replicas < 1:
-            raise ValueError(f"cluster.replicas must be an integer >= 1, got {self.replicas!r}")
+            raise ConfigError(f"cluster.replicas must be an integer >= 1, got {self.replicas!r}")
         if self.dispatcher not in DISPATCHERS:
-            raise ValueError(
+            raise ConfigError(
                 f"cluster.dispatcher must be one of {tuple(DISPATCHERS)}, got {self.dispatcher!r}"
             )
 

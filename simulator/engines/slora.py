@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.base import StepCostModel
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
 from simulator.core.timeline import DECODE, PREFILL, StepRecorder
@@ -69,7 +70,7 @@ class SLoRAConfig:
         check_integers(self, 1, "pool_tokens", "batch_max_tokens", "running_max_req_size")
         check_integers(self, 0, "max_wait_tokens", "reserve_per_client")
         if self.reserve_per_client >= self.pool_tokens:
-            raise ValueError("engine.reserve_per_client must be smaller than engine.pool_tokens")
+            raise ConfigError("engine.reserve_per_client must be smaller than engine.pool_tokens")
         check_horizon(self.horizon)
 
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:

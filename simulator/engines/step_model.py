@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cost_models.base import StepCostModel
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import RequestState
 from simulator.core.seam import ADMIT, Drop, Policy
@@ -41,12 +42,12 @@ def check_integers(config: object, minimum: int, *names: str) -> None:
     for name in names:
         v = getattr(config, name)
         if int(v) != v or v < minimum:
-            raise ValueError(f"engine.{name} must be an integer >= {minimum}, got {v!r}")
+            raise ConfigError(f"engine.{name} must be an integer >= {minimum}, got {v!r}")
 
 
 def check_horizon(horizon: float | None) -> None:
     if horizon is not None and not (np.isfinite(horizon) and horizon > 0):
-        raise ValueError(f"engine.horizon must be null or a number > 0, got {horizon!r}")
+        raise ConfigError(f"engine.horizon must be null or a number > 0, got {horizon!r}")
 
 
 def settle(

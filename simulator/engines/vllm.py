@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.base import StepCostModel, mixed_step_time
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
 from simulator.core.timeline import DECODE, MIXED, PREFILL, StepRecorder
@@ -73,12 +74,12 @@ class VLLMConfig:
         if self.pool_tokens is not None and (
             int(self.pool_tokens) != self.pool_tokens or self.pool_tokens < self.block_size
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"engine.pool_tokens must be null or an integer >= engine.block_size "
                 f"({self.block_size}), got {self.pool_tokens!r}"
             )
         if not (0.0 <= self.watermark < 1.0):
-            raise ValueError(f"engine.watermark must be in [0, 1), got {self.watermark!r}")
+            raise ConfigError(f"engine.watermark must be in [0, 1), got {self.watermark!r}")
         check_horizon(self.horizon)
 
     def num_blocks(self, cost: StepCostModel) -> int:
@@ -86,7 +87,7 @@ class VLLMConfig:
             return int(self.pool_tokens) // self.block_size
         capacity = getattr(cost, "kv_capacity_tokens", None)
         if capacity is None:
-            raise ValueError(
+            raise ConfigError(
                 "engine.pool_tokens is null but the cost model "
                 f"({type(cost).__name__}) cannot derive a KV capacity; set engine.pool_tokens "
                 "or use cost_model=roofline / vidur_profile"

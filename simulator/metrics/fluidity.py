@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simulator.core.errors import ConfigError
+
 NS_PER_S = 1_000_000_000
 EXACT_DEADLINE_CAP_S = 1e5  # exact arithmetic: deadlines above this (and every gap) are capped
 SEARCH_HIGH = 1e10  # Etalon's bisection range for the minimum deadline, seconds
@@ -98,9 +100,9 @@ def deadline_counts(
     d_p: np.ndarray = np.broadcast_to(np.asarray(ttft_deadline, dtype=np.float64), (n,))
     d_d: np.ndarray = np.broadcast_to(np.asarray(tbt_deadline, dtype=np.float64), (n,))
     if n and (not np.all(d_d > 0) or not np.all(np.isfinite(d_d))):
-        raise ValueError(f"tbt_deadline must be a finite number > 0 seconds; got {d_d.min()}")
+        raise ConfigError(f"tbt_deadline must be a finite number > 0 seconds; got {d_d.min()}")
     if n and not np.all(d_p >= 0):
-        raise ValueError(f"ttft_deadline must be >= 0 seconds; got {d_p.min()}")
+        raise ConfigError(f"ttft_deadline must be >= 0 seconds; got {d_p.min()}")
     values: np.ndarray = gaps.values
     if exact:
         # deadlines far above every gap act alike; capping them keeps nanoseconds in int64
@@ -361,12 +363,12 @@ class DecodeProbes:
         n = rows.shape[0]
         d = np.array(np.broadcast_to(np.asarray(tbt_deadline, dtype=np.float64), (n,)))
         if n and (not np.all(d > 0) or not np.all(np.isfinite(d))):
-            raise ValueError(f"tbt_deadline must be a finite number > 0 seconds; got {d.min()}")
+            raise ConfigError(f"tbt_deadline must be a finite number > 0 seconds; got {d.min()}")
         lengths = self.lengths[rows]
         if n == 0 or int(lengths.sum()) == 0:
             return np.zeros(n, dtype=np.int64), lengths.astype(np.int64)
         if np.unique(rows).shape[0] != n:
-            raise ValueError("rows must be distinct request indices")
+            raise ConfigError("rows must be distinct request indices")
         if self.exact:  # as deadline_counts: deadlines far above every gap act alike
             d = np.minimum(d, self.cap)
         # only a gap longer than D_d can miss: above the longest gap D_d's value no longer

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from simulator.core.errors import ConfigError
 from simulator.metrics.fluidity import Ragged, deadline_counts, fluidity_index, ranges
 
 __all__ = ["fluidity_index"]  # re-exported: the public home of the fluidity-index is this module
@@ -92,7 +93,7 @@ def per_request_latency(
     one token, indexed by request_id. E2E uses the last emitted token, so for requests still
     running at the horizon it is the latency so far."""
     if convention not in CONVENTIONS:
-        raise ValueError(f"unknown latency convention {convention!r}; accepted: {CONVENTIONS}")
+        raise ConfigError(f"unknown latency convention {convention!r}; accepted: {CONVENTIONS}")
     ids, n, times = _grouped_tokens(tokens)
     starts = np.cumsum(n) - n
     first, last = times[starts], times[starts + n - 1]
@@ -155,7 +156,7 @@ def percentile(values: np.ndarray, p: float, method: str = "linear") -> float:
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within [0, 100]; got {p}")
+        raise ConfigError(f"percentile must be within [0, 100]; got {p}")
     if v.size == 0:
         return float("nan")
     if method == "linear":
@@ -163,7 +164,7 @@ def percentile(values: np.ndarray, p: float, method: str = "linear") -> float:
     if method == "evalscope":
         v = np.sort(v)
         return round(float(v[min(int(v.size * p / 100), v.size - 1)]), 2)
-    raise ValueError(f"unknown percentile method {method!r}; accepted: {PERCENTILE_METHODS}")
+    raise ConfigError(f"unknown percentile method {method!r}; accepted: {PERCENTILE_METHODS}")
 
 
 def percentiles(
@@ -261,7 +262,7 @@ def andes_qoe(
     Unrolled, A_i - T*_i = max(0, max_{k<=i}(t_{k+1} - k/speed) - T*_0), a running maximum.
     """
     if expected_ttft < 0 or not reading_speed > 0:
-        raise ValueError(
+        raise ConfigError(
             f"expected_ttft must be >= 0 and reading_speed > 0; got {expected_ttft}, "
             f"{reading_speed}"
         )
@@ -311,7 +312,7 @@ def request_fluidity(
         d_p = np.asarray(prefill_curve(facts.prompt_len.to_numpy()), dtype=np.float64)
         d_p = d_p + scheduling_slack
     elif ttft_deadline is None:
-        raise ValueError("give ttft_deadline (seconds) or a prefill_curve for the first deadline")
+        raise ConfigError("give ttft_deadline (seconds) or a prefill_curve for the first deadline")
     else:
         d_p = np.asarray(ttft_deadline, dtype=np.float64)
     missed, total = deadline_counts(gaps, d_p, tbt_deadline, exact)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simulator.core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class PrefillCurve:
@@ -37,7 +39,7 @@ def fit_prefill_curve(profile: pd.DataFrame) -> PrefillCurve:
     """Least-squares quadratic through the minimum TTFT per profiled prompt length."""
     best = profile.groupby("prompt_len", sort=True)["ttft"].min()
     if len(best) < 3 or best.isna().any():
-        raise ValueError(
+        raise ConfigError(
             f"a prefill curve needs the TTFT of at least 3 distinct prompt lengths; got {len(best)}"
         )
     p = best.index.to_numpy(dtype=np.float64)

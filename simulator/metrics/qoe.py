@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simulator.core.errors import ConfigError
 from simulator.metrics import fluidity as etalon
 from simulator.metrics import latency
 from simulator.metrics.prefill_curve import PrefillCurve
@@ -36,13 +37,13 @@ class QoEConfig:
 
     def __post_init__(self) -> None:
         if not self.tbt_deadline > 0:
-            raise ValueError(f"qoe.tbt_deadline must be > 0 seconds, got {self.tbt_deadline!r}")
+            raise ConfigError(f"qoe.tbt_deadline must be > 0 seconds, got {self.tbt_deadline!r}")
         for name in ("ttft_deadline", "goodput_ttft", "goodput_tpot", "goodput_e2e"):
             v = getattr(self, name)
             if v is not None and not v >= 0:
-                raise ValueError(f"qoe.{name} must be null or >= 0 seconds, got {v!r}")
+                raise ConfigError(f"qoe.{name} must be null or >= 0 seconds, got {v!r}")
         if self.scheduling_slack < 0 or self.expected_ttft < 0 or not self.reading_speed > 0:
-            raise ValueError(
+            raise ConfigError(
                 "qoe.scheduling_slack and qoe.expected_ttft must be >= 0 and qoe.reading_speed > 0"
             )
 
@@ -51,7 +52,7 @@ def request_fluidity(
     requests: pd.DataFrame, tokens: pd.DataFrame, cfg: QoEConfig, curve: PrefillCurve | None
 ) -> pd.DataFrame:
     if cfg.ttft_deadline is None and curve is None:
-        raise ValueError("qoe.ttft_deadline is null: a prefill curve is needed for D_p")
+        raise ConfigError("qoe.ttft_deadline is null: a prefill curve is needed for D_p")
     return latency.request_fluidity(
         requests,
         tokens,

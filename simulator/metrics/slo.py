@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from simulator.core.errors import ConfigError
+
 LOWER_IS_BETTER = {
     "ttfc": True,
     "tbc": True,
@@ -55,25 +57,27 @@ def parse_slos(items: Sequence[Mapping[str, Any]] | None, source: str = "slos") 
     for i, item in enumerate(items or []):
         where = f"{source}[{i}]"
         if not isinstance(item, Mapping):
-            raise ValueError(f"{where}: got {item!r}; accepted: a mapping with {SLO_FIELDS}")
+            raise ConfigError(f"{where}: got {item!r}; accepted: a mapping with {SLO_FIELDS}")
         unknown = set(item) - set(SLO_FIELDS)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; accepted: {SLO_FIELDS}")
+            raise ConfigError(
+                f"{where}: unknown field(s) {sorted(unknown)}; accepted: {SLO_FIELDS}"
+            )
         metric = item.get("metric")
         if metric not in LOWER_IS_BETTER:
-            raise ValueError(
+            raise ConfigError(
                 f"{where}, field 'metric': got {metric!r}; accepted: {sorted(LOWER_IS_BETTER)}"
             )
         if item.get("type", "constant") != "constant":
-            raise ValueError(f"{where}, field 'type': got {item['type']!r}; accepted: 'constant'")
+            raise ConfigError(f"{where}, field 'type': got {item['type']!r}; accepted: 'constant'")
         numbers = {}
         for name in ("percentile", "value"):
             v = item.get(name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{where}, field '{name}': got {v!r}; accepted: a finite number")
+                raise ConfigError(f"{where}, field '{name}': got {v!r}; accepted: a finite number")
             numbers[name] = float(v)
         if not 0 <= numbers["percentile"] <= 1:
-            raise ValueError(
+            raise ConfigError(
                 f"{where}, field 'percentile': got {numbers['percentile']}; accepted: 0 ... 1 "
                 "(0.99 for P99)"
             )
