@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from simulator.core.errors import ConfigError
 from simulator.core.service import LinearService
 from simulator.metrics.latency import token_throughput
 
@@ -109,7 +110,7 @@ def requested_rates(
 ) -> pd.DataFrame:
     """Per-client requested rate: h(prompt, output) of requests arriving in the window / T."""
     if demand not in ("served", "all"):
-        raise ValueError(f"demand must be 'served' or 'all', got {demand!r}")
+        raise ConfigError(f"demand must be 'served' or 'all', got {demand!r}")
     ticks = np.asarray(ticks, dtype=float)
     r = intervals if demand == "all" else intervals[intervals["served"]]
     clients = _clients(intervals)
@@ -145,11 +146,13 @@ def service_difference(
     With `weights` ({client: w}) services and demands are divided by w (for weighted VTC).
     """
     if form not in FORMS:
-        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+        raise ConfigError(f"form must be one of {FORMS}, got {form!r}")
     warmup = 30.0 if form == "revision" else 0.0
     ticks = paper_ticks(total, 20, warmup)
     s = service_rates(intervals, ticks, window, warmup)
     r = requested_rates(intervals, ticks, window, warmup, demand)
+    if s.shape[1] == 0:  # no client was served: no difference to measure
+        return pd.Series(np.nan, index=s.index, name="service_difference")
     w = _weights(list(s.columns), weights)
     s_arr, r_arr = s.to_numpy() / w, r.to_numpy() / w
     gap = s_arr.max(axis=1, keepdims=True) - s_arr
@@ -166,8 +169,11 @@ def tick_span(end_time: object) -> float:
 
 
 def difference_stats(diff: pd.Series) -> dict[str, float]:
-    """Max Diff, Avg Diff and Diff Var (population variance) over ticks, as in the paper."""
+    """Max Diff, Avg Diff and Diff Var (population variance) over ticks, as in the paper (NaN
+    when no client was served)."""
     d = diff.to_numpy(dtype=float)
+    if np.isnan(d).all():
+        return {"max_diff": np.nan, "avg_diff": np.nan, "diff_var": np.nan}
     return {"max_diff": float(d.max()), "avg_diff": float(d.mean()), "diff_var": float(d.var())}
 
 

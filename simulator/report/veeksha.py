@@ -108,7 +108,7 @@ def prefill_stats(prompt_len: np.ndarray, ttfc: np.ndarray) -> dict[str, Any]:
     order = np.argsort(prompt_len, kind="stable")
     p, t = prompt_len[order], ttfc[order]
     starts = np.flatnonzero(np.concatenate(([True], p[1:] != p[:-1]))) if p.size else p
-    ends = [*starts[1:].tolist(), p.shape[0]]
+    ends = [*starts[1:].tolist(), p.shape[0]] if p.size else []
     groups = {}
     for lo, hi in zip(starts.tolist(), ends, strict=True):
         g = t[lo:hi]
