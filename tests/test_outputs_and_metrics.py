@@ -50,7 +50,7 @@ def test_run_folder_round_trip_and_public_columns(tmp_path):
 
 
 def test_load_run_rejects_a_folder_that_is_not_a_run(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not a fairsim run folder"):
+    with pytest.raises(FileNotFoundError, match="not a fairsim run folder"):  # IncompleteRunError
         load_run(tmp_path)
 
 

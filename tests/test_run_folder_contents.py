@@ -2,7 +2,8 @@
 two vLLM-style replicas) write exactly the files, with exactly the content, that they wrote
 before the end-to-end speed work (tests/data/small_run_contents.json says which commit made
 them). Content, not bytes: tables are compared as read back, JSON as parsed, plots as pixels,
-so writer metadata may change but no value may."""
+so writer metadata may change but no value may. The folder's status mark (job.json, added
+later) is checked apart: it must say completed."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def folder_contents(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): content_digest(p)
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"
+        if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log" and p.name != "job.json"
     }
 
 
@@ -67,6 +68,7 @@ def test_a_small_run_writes_the_pinned_files_and_content(name, tmp_path):
         timeout=300,
     )
     assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "run" / "job.json").read_text())["status"] == "completed"
     got = folder_contents(tmp_path / "run")
     assert sorted(got) == sorted(run["files"]), "the same files"
     changed = [f for f in got if got[f] != run["files"][f]]

@@ -22,8 +22,11 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from simulator.apps.sweep import job_folders, read_job
+from simulator.apps.command import run_command
+from simulator.apps.sweep import job_folders
+from simulator.core.errors import ConfigError
 from simulator.metrics import fairness, latency
+from simulator.report.run_folder import read_status
 
 GROUPS = ("policy", "workload", "engine", "cost_model", "experiment")
 RUN_METRICS = {  # column: path in summary.json
@@ -58,6 +61,8 @@ def job_config(folder: Path) -> dict[str, Any]:
     """The config groups chosen, every override, and the seed of one job."""
     hydra_dir = folder / ".hydra"
     out: dict[str, Any] = {}
+    if not all((hydra_dir / f).exists() for f in ("hydra.yaml", "overrides.yaml", "config.yaml")):
+        return out  # a folder Hydra did not finish setting up
     hydra_cfg = yaml.safe_load((hydra_dir / "hydra.yaml").read_text())
     choices = hydra_cfg["hydra"]["runtime"]["choices"]
     for group in GROUPS:
@@ -105,12 +110,12 @@ def aggregate(sweep_dir: str | Path) -> pd.DataFrame:
     sweep_dir = Path(sweep_dir)
     folders = job_folders(sweep_dir)
     if not folders:
-        raise FileNotFoundError(f"{sweep_dir}: no job folders (folders with .hydra/) under it")
+        raise ConfigError(f"{sweep_dir}: no job folders (folders with .hydra/) under it")
     rows = []
     for folder in folders:
-        job = read_job(folder) or {}
+        job = read_status(folder) or {}
         summary_path = folder / "summary.json"
-        status = job.get("status") or ("completed" if summary_path.exists() else "unfinished")
+        status = job.get("status", "unfinished")  # never a summary.json without the mark
         head = {"job": str(folder.relative_to(sweep_dir)), "status": status}
         head["error"] = job.get("error")
         head.update(job_config(folder))
@@ -249,15 +254,16 @@ def plot_fluidity(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path
 
 
 def main(argv: list[str] | None = None) -> None:
+    run_command("fairsim-aggregate", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--x", help="the load column (default: workload.rate_scale if swept)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        table = aggregate(args.sweep_dir)
-    except FileNotFoundError as err:
-        parser.exit(2, f"fairsim-aggregate: error: {err}\n")
+    table = aggregate(args.sweep_dir)
     parquet, csv = write_aggregate(args.sweep_dir, table)
     counts = table.drop_duplicates("job")["status"].value_counts().to_dict()
     print(f"{len(table)} rows from {sum(counts.values())} jobs {counts}: {parquet}, {csv}")
@@ -265,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     x = args.x or load_column(table)
     if x is not None and x not in table.columns:
-        parser.exit(2, f"fairsim-aggregate: error: --x {x!r} is not a column of the sweep\n")
+        raise ConfigError(f"--x {x!r} is not a column of the sweep; columns: {list(table)}")
     written = [
         plot_metrics(table, x, args.sweep_dir / "sweep_metrics.png") if x else None,
         plot_service(args.sweep_dir, table, x, args.sweep_dir / "sweep_service.png"),

@@ -36,8 +36,10 @@ from simulator.apps.capacity import (
     results_table,
     veeksha_search,
 )
+from simulator.apps.command import run_command
 from simulator.apps.prefill_profile import profile_prefill
 from simulator.apps.run import instantiate_parts
+from simulator.core.errors import ConfigError
 from simulator.engines import simulate
 from simulator.metrics import latency
 from simulator.metrics.prefill_curve import fit_prefill_curve
@@ -60,7 +62,7 @@ class SimulatedService:
         cap = cfg.capacity
         self.variable = cap.get("variable", "rate")
         if self.variable not in VARIABLES:
-            raise ValueError(
+            raise ConfigError(
                 f"capacity.variable: got {self.variable!r}; accepted: {tuple(VARIABLES)}"
             )
         self.num_requests = cap.get("num_requests")
@@ -80,7 +82,7 @@ class SimulatedService:
         kind = type(workload).__name__
         if self.variable == "rate":
             if not isinstance(workload, SyntheticWorkload):
-                raise ValueError(
+                raise ConfigError(
                     "capacity.variable=rate needs an open-loop synthetic workload "
                     f"(traces.SyntheticWorkload); got {kind} (closed loops: "
                     "capacity.variable=concurrency)"
@@ -91,12 +93,12 @@ class SimulatedService:
                 workload = dataclasses.replace(workload, num_requests=int(self.num_requests))
             return workload
         if not isinstance(workload, SyntheticWorkload):
-            raise ValueError(
+            raise ConfigError(
                 "capacity.variable=concurrency needs a traces.SyntheticWorkload or "
                 f"traces.ClosedLoop workload; got {kind}"
             )
         if not self.num_requests:
-            raise ValueError("capacity.variable=concurrency needs capacity.num_requests >= 1")
+            raise ConfigError("capacity.variable=concurrency needs capacity.num_requests >= 1")
         return ClosedLoop(
             workload,
             users=1,
@@ -110,15 +112,15 @@ class SimulatedService:
         if isinstance(self.workload, ClosedLoop):
             users = int(value)
             if users != value or users < 1:
-                raise ValueError(f"concurrency must be an integer >= 1, got {value}")
+                raise ConfigError(f"concurrency must be an integer >= 1, got {value}")
             if users > self.workload.num_requests:
-                raise ValueError(
+                raise ConfigError(
                     f"concurrency {users} exceeds the {self.workload.num_requests} requests per "
                     "probe; raise capacity.num_requests"
                 )
             return dataclasses.replace(self.workload, users=users).build(seed)
         if not value > 0:
-            raise ValueError(f"arrival rate must be > 0, got {value}")
+            raise ConfigError(f"arrival rate must be > 0, got {value}")
         base = self.workload  # at rate_scale 1
         duration = self.num_requests / value if self.num_requests else base.duration
         scale = value / base.configured_rate()
@@ -168,7 +170,7 @@ def capacity_search(cfg: DictConfig) -> list[SearchResult]:
     """Run the configured search (`capacity.mode`); one result per criteria group."""
     cap = cfg.capacity
     if cap.mode not in MODES:
-        raise ValueError(f"capacity.mode: got {cap.mode!r}; accepted: {MODES}")
+        raise ConfigError(f"capacity.mode: got {cap.mode!r}; accepted: {MODES}")
     service = SimulatedService(cfg)
     if cap.mode == "evalscope":
         groups = parse_sla_params(OmegaConf.to_container(cap.sla_params))  # type: ignore[arg-type]
@@ -185,7 +187,7 @@ def capacity_search(cfg: DictConfig) -> list[SearchResult]:
             for group in groups
         ]
     if not service.slos:
-        raise ValueError(f"capacity.mode={cap.mode} needs at least one SLO in `slos`")
+        raise ConfigError(f"capacity.mode={cap.mode} needs at least one SLO in `slos`")
     criteria = " AND ".join(
         f"{s.key} {'<=' if s.lower_is_better else '>='} {s.value:g}" for s in service.slos
     )
@@ -265,4 +267,4 @@ def _run(cfg: DictConfig, out_dir: str) -> None:
 
 
 def main() -> None:
-    _main()
+    run_command("fairsim-capacity", _main)

@@ -7,8 +7,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from simulator.apps import sweep
+from simulator.apps.command import run_command
 from simulator.apps.run import run_config
-from simulator.report.console import format_fairness, format_qoe, format_summary
+from simulator.report.console import (
+    DEFAULT_ROWS,
+    format_fairness,
+    format_qoe,
+    format_slos,
+    format_summary,
+)
 from simulator.report.progress import StreamingReporter
 
 
@@ -20,14 +27,18 @@ def _main(cfg: DictConfig) -> None:
 
 def _run(cfg: DictConfig, out_dir: str) -> None:
     _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
-    print(format_summary(outputs.summary))
+    rows = cfg.get("console_rows", DEFAULT_ROWS)
+    print(format_summary(outputs.summary, rows))
     print()
-    print(format_fairness(outputs.summary))
+    print(format_fairness(outputs.summary, rows))
     if "qoe" in outputs.summary:
         print()
-        print(format_qoe(outputs.summary))
+        print(format_qoe(outputs.summary, rows))
+    if outputs.summary.get("slo_results", {}).get("results"):
+        print()
+        print(format_slos(outputs.summary["slo_results"]))
     print(f"run folder: {out_dir}")
 
 
 def main() -> None:
-    _main()
+    run_command("fairsim", _main)

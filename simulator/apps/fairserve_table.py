@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from simulator.apps.command import run_command
 from simulator.apps.run import compose_config, simulate_config
 from simulator.metrics import interactions
 from simulator.metrics.latency import token_throughput
@@ -45,6 +46,10 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> None:
+    run_command("fairsim-fairserve-table", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", action="append", choices=EXPERIMENTS)
     parser.add_argument("--policy", action="append", choices=POLICIES)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import resource
 import sys
@@ -29,7 +28,13 @@ from simulator.metrics.fairness import fairness_summary, tick_span
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
-from simulator.report.run_folder import RunOutputs, json_safe, write_run
+from simulator.report.run_folder import (
+    RunOutputs,
+    json_safe,
+    mark_completed,
+    write_run,
+    write_summary,
+)
 from simulator.report.veeksha import write_veeksha_metrics
 from traces.schema import Trace
 
@@ -112,7 +117,7 @@ def run_config(
         timeline = simulate(trace, policy, cost, engine, cluster, progress)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     with phase("run folder"):
-        outputs = write_run(timeline, out_dir, resolved)
+        outputs = write_run(timeline, out_dir, resolved, complete=False)
     outputs.summary["unfit_requests"] = unfit_counts
     if cfg.get("qoe"):
         with phase("qoe"):
@@ -121,7 +126,8 @@ def run_config(
     if other and other != policy.name:
         with phase("comparison"):
             outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster)
-    Path(out_dir, "summary.json").write_text(json.dumps(outputs.summary, indent=2) + "\n")
+    write_summary(outputs.summary, out_dir)
+    mark_completed(out_dir, outputs.summary["config_digest"])  # last: the folder is whole
     return timeline, outputs
 
 

@@ -1,9 +1,10 @@
 """Multirun sweeps: job folders named by their overrides, resumable, failures recorded.
 
 Each job of `fairsim -m ...` runs in `<sweep dir>/<overrides>/seed=<seed>/` (the overrides
-without the seed, `default` when only the seed varies). A job leaves `job.json` in its folder:
-`{"status": "completed", "config_digest": ...}` after it wrote every output, or
-`{"status": "failed", "error": ..., "traceback": ...}` (its config is in `.hydra/config.yaml`).
+without the seed, `default` when only the seed varies). A job's folder says in `job.json` how it
+went (simulator/report/run_folder.py): `{"status": "completed", "config_digest": ...}` after it
+wrote every output, or `failed` with the error and traceback (its config is in
+`.hydra/config.yaml`), or `interrupted`.
 Re-running a sweep into the same `hydra.sweep.dir` skips every job whose folder says completed
 for the same configuration digest. At the end, `SweepReport` prints the counts, writes
 `jobs.csv` beside the job folders, and exits 1 if any job failed.
@@ -11,7 +12,6 @@ for the same configuration digest. At the end, `SweepReport` prints the counts, 
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
 from collections import Counter
@@ -21,58 +21,61 @@ from typing import Any
 
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from simulator.report.run_folder import config_digest
-from traces.schema import TraceError
-
-JOB_FILE = "job.json"
-
-
-class UserError(Exception):
-    """Bad input (config, trace, impossible request): printed as one line, exit status 2."""
-
-
-USER_ERRORS = (InstantiationException, TraceError, ValueError, FileNotFoundError)
-
-
-def user_error(err: BaseException) -> UserError:
-    """The message a user should see: Hydra's instantiation wrapper hides the real cause."""
-    cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
-    return UserError(str(cause))
+from simulator.apps.command import Interrupted, RunFailed, input_error_message
+from simulator.apps.config_check import check_config
+from simulator.report.run_folder import (
+    STATUS_FILE,
+    config_digest,
+    is_completed,
+    mark_completed,
+    mark_running,
+    mark_status,
+    read_status,
+)
 
 
 def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -> None:
-    """Run one `prog` job. Alone: bad input exits 2 with its message. In a multirun: skip the
-    job if its folder already completed this configuration, and record a failure in `job.json`
-    instead of stopping the sweep."""
-    if HydraConfig.get().mode != RunMode.MULTIRUN:
-        try:
-            job()
-        except USER_ERRORS as err:
-            print(f"{prog}: error: {user_error(err)}", file=sys.stderr)
-            sys.exit(2)
-        return
+    """Run one `prog` job in its folder, which says in job.json how it went (running, then
+    completed, failed with the error and traceback, or interrupted). Alone, a failure is raised
+    for `command.run_command` to report. In a multirun, skip the job if its folder already
+    completed this configuration, and record a failure instead of stopping the sweep."""
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     digest = config_digest(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-    if is_completed(out_dir, digest):
+    if multirun and is_completed(out_dir, digest):
         print(f"{prog}: skipped, already completed: {out_dir}")
         return
+    mark_running(out_dir, digest)
     try:
+        check_config(cfg)
         job()
-    except USER_ERRORS as err:
-        _failed(prog, out_dir, user_error(err))
-    except Exception as err:  # a sweep records any failure and goes on
-        _failed(prog, out_dir, err)
+    except (KeyboardInterrupt, Interrupted) as err:
+        name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
+        mark_status(out_dir, "interrupted", config_digest=digest, signal=name)
+        raise
+    except Exception as err:
+        record_failure(out_dir, err, digest)
+        if not multirun:
+            raise RunFailed(out_dir, err) from err
+        line = input_error_message(err) or f"internal error: {type(err).__name__}: {err}"
+        print(f"{prog}: job failed: {line} (recorded in {out_dir}/{STATUS_FILE})", file=sys.stderr)
     else:
-        record_completed(out_dir, digest)
+        mark_completed(out_dir, digest)
 
 
-def _failed(prog: str, out_dir: str, err: BaseException) -> None:
-    record_failure(out_dir, err)
-    print(f"{prog}: job failed: {err} (recorded in {out_dir}/{JOB_FILE})", file=sys.stderr)
+def record_failure(folder: str | Path, err: BaseException, digest: str) -> None:
+    message = input_error_message(err)
+    mark_status(
+        folder,
+        "failed",
+        config_digest=digest,
+        error=message if message is not None else f"{type(err).__name__}: {err}",
+        kind="input error" if message is not None else "internal error",
+        traceback="".join(traceback.format_exception(err)),
+    )
 
 
 def job_subdir(override_dirname: str, seed: Any) -> str:
@@ -85,44 +88,6 @@ if not OmegaConf.has_resolver("fairsim_job_subdir"):  # used by conf/config.yaml
     OmegaConf.register_new_resolver("fairsim_job_subdir", job_subdir)
 
 
-def read_job(folder: str | Path) -> dict[str, Any] | None:
-    path = Path(folder, JOB_FILE)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None  # a job killed while writing: run it again
-    return data if isinstance(data, dict) else None
-
-
-def is_completed(folder: str | Path, digest: str) -> bool:
-    job = read_job(folder) or {}
-    return job.get("status") == "completed" and job.get("config_digest") == digest
-
-
-def record_completed(folder: str | Path, digest: str) -> None:
-    _write(folder, {"status": "completed", "config_digest": digest})
-
-
-def record_failure(folder: str | Path, err: BaseException) -> None:
-    _write(
-        folder,
-        {
-            "status": "failed",
-            "error": str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}",
-            "traceback": "".join(traceback.format_exception(err)),
-        },
-    )
-
-
-def _write(folder: str | Path, data: dict[str, Any]) -> None:
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    tmp = Path(folder, JOB_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(Path(folder, JOB_FILE))  # atomic: a reader never sees half a file
-
-
 def job_folders(sweep_dir: str | Path) -> list[Path]:
     """Every job folder (one with Hydra's `.hydra/`) under `sweep_dir`, in name order."""
     return sorted(p.parent for p in Path(sweep_dir).glob("**/.hydra"))
@@ -132,7 +97,7 @@ def job_table(sweep_dir: str | Path) -> list[dict[str, str]]:
     """Every job folder under `sweep_dir`, with its status."""
     rows = []
     for folder in job_folders(sweep_dir):
-        job = read_job(folder) or {"status": "unfinished"}
+        job = read_status(folder) or {"status": "unfinished"}
         rows.append(
             {
                 "job": str(folder.relative_to(sweep_dir)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from simulator.apps.command import run_command
 from simulator.apps.run import compose_config, simulate_config
 from simulator.core.service import LinearService, ProfiledService
 from simulator.metrics.fairness import fairness_summary
@@ -136,6 +137,10 @@ def _cell(measured: float, paper: float | None, digits: int = 1) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    run_command("fairsim-vtc-tables", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="append", help="only these tables (2, 3, 4, 5, 6)")
     args = parser.parse_args(argv)

@@ -52,9 +52,11 @@ class ProgressSnapshot:
     finished: int
     total: int
     arrival: np.ndarray
+    prompt_len: np.ndarray
     output_len: np.ndarray
     first_token_at: np.ndarray
     finished_at: np.ndarray
+    done: bool = False  # the last report: the run has ended (at the horizon, or all finished)
 
 
 Progress = Callable[[ProgressSnapshot], None]
@@ -234,6 +236,8 @@ class Runner:
         """No more arrivals will be pushed: run to completion (or the horizon)."""
         self.frontier = np.inf
         self._advance_env(None)
+        if self.progress is not None:
+            self._report(self.env.now, done=True)
         return self._timeline()
 
     def _advance_env(self, until: float | None) -> None:
@@ -253,6 +257,10 @@ class Runner:
         """Report progress about once a second of wall time (replicas call this every loop)."""
         if self.progress is None or wallclock.monotonic() - self._reported < 1.0:
             return
+        self._report(now)
+
+    def _report(self, now: float, done: bool = False) -> None:
+        assert self.progress is not None
         self._reported = wallclock.monotonic()
         state = self.state
         self.progress(
@@ -261,9 +269,11 @@ class Runner:
                 state.ended,
                 len(self.trace),
                 state.arrival,
+                self.trace.prompt_len,
                 self.trace.output_len,
                 state.first_token_at,
                 state.finished_at,
+                done,
             )
         )
 

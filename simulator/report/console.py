@@ -1,26 +1,60 @@
-"""Console tables of a run: the per-client summary, replicas, fairness beside a comparison, QoE."""
+"""Console tables of a run: the per-client summary, replicas, fairness beside a comparison, QoE.
+
+Per-client tables show at most `max_rows` clients (the busiest, in the run's client order) and
+say how many more there are; `max_rows=None` shows every client. The run folder holds them all.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+DEFAULT_ROWS = 20
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
     return "-" if x is None or x != x else f"{x:.{digits}f}"
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def shown_clients(requests_per_client: dict[str, int], max_rows: int | None) -> list[str]:
+    """The clients a table shows: all, or the `max_rows` with the most requests (ties: the
+    first), kept in the run's order."""
+    names = list(requests_per_client)
+    if max_rows is None or len(names) <= max_rows:
+        return names
+    busiest = sorted(names, key=lambda c: -requests_per_client[c])[:max_rows]
+    keep = set(busiest)
+    return [c for c in names if c in keep]
+
+
+def _more(total: int, shown: int) -> list[str]:
+    if total == shown:
+        return []
+    return [
+        f"... {total - shown} more clients (console_rows=null prints all; the run folder holds all)"
+    ]
+
+
+def _name_width(names: list[str], minimum: int = 12) -> int:
+    return max(minimum, *(len(n) + 2 for n in names)) if names else minimum
+
+
+def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS) -> str:
     """A readable per-client table plus the run's totals."""
+    per_client = {c: s for c, s in summary["latency"].items() if c != "all"}
+    shown = shown_clients({c: s["requests"] for c, s in per_client.items()}, max_rows)
+    width = _name_width([*shown, "all"])
     head = (
-        f"{'client':<12}{'requests':>9}{'done':>7}{'out tok':>10}"
+        f"{'client':<{width}}{'requests':>9}{'done':>7}{'out tok':>10}"
         f"{'TTFT mean':>11}{'TTFT p99':>10}{'TPOT mean':>11}{'E2E mean':>10}"
     )
-    lines = [head, "-" * len(head)]
-    for client, s in summary["latency"].items():
+    lines = ["per client (times in seconds)", head, "-" * len(head)]
+    rows = [(c, per_client[c]) for c in shown]
+    for client, s in [*rows, ("all", summary["latency"]["all"])]:
         if client == "all":
+            lines += _more(len(per_client), len(shown))
             lines.append("-" * len(head))
         lines.append(
-            f"{client:<12}{s['requests']:>9}{s['completed']:>7}{s['output_tokens']:>10}"
+            f"{client:<{width}}{s['requests']:>9}{s['completed']:>7}{s['output_tokens']:>10}"
             f"{_fmt(s['ttft']['mean']):>11}{_fmt(s['ttft']['p99']):>10}"
             f"{_fmt(s['tpot']['mean'], 4):>11}{_fmt(s['e2e']['mean']):>10}"
         )
@@ -33,24 +67,23 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"KV pool use: mean {_fmt(100 * summary['kv_utilisation']['mean'], 1)}%, "
         f"peak {_fmt(100 * summary['kv_utilisation']['peak'], 1)}% of "
         f"{summary['pool_tokens']} tokens",
-        "times in seconds",
     ]
+    if summary["status_counts"].get("completed", 0) == 0:
+        lines.append("no completed requests: latency, fairness and fluidity figures are empty (-)")
     vllm = summary.get("vllm")
     if vllm is not None:
-        lines.insert(
-            -1,
+        lines.append(
             f"vLLM engine: {vllm['preemptions']} preemptions ({vllm['preempted_requests']} "
             f"requests), prefix-cache hit rate {_fmt(100 * vllm['prefix_hit_rate'], 1)}% "
             "of admitted prompt tokens",
         )
     replicas = summary.get("replicas") or []
     if len(replicas) > 1:
-        lines.insert(-1, format_replicas(replicas))
+        lines.append(format_replicas(replicas))
     inter = summary.get("interactions")
     if inter is not None:
         lat = inter["interaction_latency"]
-        lines.insert(
-            -1,
+        lines.append(
             f"interactions: throttled {summary['throttled_interactions']} "
             f"({summary['throttled_requests']} calls), wasted prompt tokens "
             f"{summary['wasted_tokens']}, completed {inter['service_provided']} of "
@@ -75,7 +108,7 @@ def format_replicas(replicas: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def format_fairness(summary: dict[str, Any]) -> str:
+def format_fairness(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS) -> str:
     """Per-client service and the VTC paper's fairness figures, beside the comparison policy's."""
     policy = summary["config"].get("policy", {}).get("_target_", "policy").rsplit(".", 1)[-1]
     runs = [(policy, summary["fairness"])]
@@ -87,34 +120,62 @@ def format_fairness(summary: dict[str, Any]) -> str:
             name += f" ({other['dispatcher']})"
         runs.append((name, other))
     width = max(14, *(len(name) + 2 for name, _ in runs))
-    head = f"{'fairness (w_p=1, w_q=2)':<28}" + "".join(f"{name:>{width}}" for name, _ in runs)
+    service = runs[0][1]["service_per_client"]
+    requests = {c: s["requests"] for c, s in summary["latency"].items() if c != "all"}
+    shown = shown_clients({c: requests.get(c, 0) for c in service}, max_rows)
+    label_width = _name_width(["service " + c for c in shown], 28)
+    head = f"{'fairness (w_p=1, w_q=2)':<{label_width}}" + "".join(
+        f"{name:>{width}}" for name, _ in runs
+    )
     lines = [head, "-" * len(head)]
-    clients = list(runs[0][1]["service_per_client"])
-    for c in clients:
+    for c in shown:
         cells = "".join(f"{f['service_per_client'].get(c, 0.0):>{width}.0f}" for _, f in runs)
-        lines.append(f"{'service ' + c:<28}" + cells)
-    lines.append(f"{'  (received by t = ' + _fmt(runs[0][1]['service_until'], 0) + ' s)':<28}")
-    for key, label in (
-        ("max_diff", "Max Diff (tok/s)"),
-        ("avg_diff", "Avg Diff (tok/s)"),
-        ("jain_index", "Jain index of service"),
-        ("throughput_tokens_per_s", "throughput (tok/s)"),
-        ("rejected", "rejected requests"),
+        lines.append(f"{'service ' + c:<{label_width}}" + cells)
+    lines += _more(len(service), len(shown))
+    until = _fmt(runs[0][1]["service_until"], 0)
+    lines.append(f"  (service received by t = {until} s, the last arrival)")
+    for key, label, digits in (
+        ("max_diff", "Max Diff (tok/s)", 2),
+        ("avg_diff", "Avg Diff (tok/s)", 2),
+        ("jain_index", "Jain index of service", 2),
+        ("throughput_tokens_per_s", "throughput (tok/s)", 2),
+        ("rejected", "rejected requests", 0),
     ):
-        lines.append(f"{label:<28}" + "".join(f"{_fmt(f[key], 2):>{width}}" for _, f in runs))
+        cells = "".join(f"{_fmt(f[key], digits):>{width}}" for _, f in runs)
+        lines.append(f"{label:<{label_width}}" + cells)
     lines.append(
         "Max/Avg Diff: the paper's service difference over 60 s windows (docs/metrics.md §4)"
     )
     return "\n".join(lines)
 
 
-def format_qoe(summary: dict[str, Any]) -> str:
+def format_qoe(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS) -> str:
     """One line per client of the fluidity-index, then the run's fluid token rate."""
     q = summary["qoe"]
     d = q["deadlines"]
     ttft = d["ttft"] if not isinstance(d["ttft"], dict) else "prefill curve + slack"
     lines = [f"fluidity-index (D_p {ttft} s, D_d {d['tbt']} s; completed requests)"]
-    for client, f in [*q["fluidity_per_client"].items(), ("all", q["fluidity"])]:
-        lines.append(f"  {client:<12} mean {_fmt(f['mean'])}  p10 {_fmt(f['p10'])}")
+    per_client = q["fluidity_per_client"]
+    requests = {c: s["requests"] for c, s in summary["latency"].items() if c != "all"}
+    shown = shown_clients({c: requests.get(c, 0) for c in per_client}, max_rows)
+    width = _name_width([*shown, "all"])
+    for client in shown:
+        f = per_client[client]
+        lines.append(f"  {client:<{width}} mean {_fmt(f['mean'])}  p10 {_fmt(f['p10'])}")
+    lines += ["  " + line for line in _more(len(per_client), len(shown))]
+    f = q["fluidity"]
+    lines.append(f"  {'all':<{width}} mean {_fmt(f['mean'])}  p10 {_fmt(f['p10'])}")
     lines.append(f"fluid token generation rate: {_fmt(q['fluid_token_rate'], 1)} tokens/s")
+    return "\n".join(lines)
+
+
+def format_slos(results: dict[str, Any]) -> str:
+    """One line per SLO with its observed value and PASS/FAIL, then the verdict."""
+    lines = ["SLOs"]
+    for r in results["results"]:
+        sign = "<=" if r["lower_is_better"] else ">="
+        verdict = "PASS" if r["met"] else "FAIL"
+        needs = f"needs {sign} {r['threshold']:g}"
+        lines.append(f"  {verdict}  {r['name']}: observed {_fmt(r['observed_value'], 4)} ({needs})")
+    lines.append(f"  {'all SLOs met' if results['all_slos_met'] else 'some SLOs missed'}")
     return "\n".join(lines)

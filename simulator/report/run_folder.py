@@ -3,6 +3,11 @@
 `write_run` writes requests.parquet, tokens.parquet, steps.parquet and summary.json;
 `load_run` reads them back into a `RunOutputs`, so notebooks and later analyses never need the
 simulator's internals.
+
+A folder says how its run went in `job.json` (`status`: running, completed, failed or
+interrupted; a failure adds its error and traceback). Every file is written under a temporary
+name and renamed into place, and `completed` is written last, so `load_run` never takes a
+failed, interrupted or half-written folder for a finished run.
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ from simulator.metrics import interactions, latency, replicas
 from simulator.metrics.fairness import fairness_summary, tick_span
 
 FILES = ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json")
+STATUS_FILE = "job.json"
+STATUSES_OF_RUNS = ("running", "completed", "failed", "interrupted")
+
+
+class IncompleteRunError(FileNotFoundError):
+    """A folder that holds no finished run (it failed, was interrupted, or is not a run)."""
 
 
 @dataclass(frozen=True)
@@ -89,28 +100,94 @@ def summarize(
 
 
 def write_run(
-    timeline: Timeline, folder: str | Path, config: dict[str, Any] | None = None
+    timeline: Timeline,
+    folder: str | Path,
+    config: dict[str, Any] | None = None,
+    complete: bool = True,
 ) -> RunOutputs:
+    """Write the run folder's files. `complete=False` leaves the folder marked running, for a
+    caller that adds files (and rewrites summary.json) before it calls `mark_completed`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     requests = timeline.requests_frame()
     tokens = timeline.tokens_frame()
     steps = timeline.steps_frame()
     summary = summarize(timeline, requests, tokens, steps, config or {})
-    requests.to_parquet(folder / "requests.parquet", index=False)
-    tokens.to_parquet(folder / "tokens.parquet", index=False)
-    steps.to_parquet(folder / "steps.parquet", index=False)
+    mark_running(folder, summary["config_digest"])
+    write_parquet(requests, folder / "requests.parquet")
+    write_parquet(tokens, folder / "tokens.parquet")
+    write_parquet(steps, folder / "steps.parquet")
     if timeline.counters is not None:
-        timeline.counters.to_parquet(folder / "counters.parquet", index=False)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+        write_parquet(timeline.counters, folder / "counters.parquet")
+    write_summary(summary, folder)
+    if complete:
+        mark_completed(folder, summary["config_digest"])
     return RunOutputs(requests, tokens, steps, summary, timeline.counters)
 
 
+def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+def write_summary(summary: dict[str, Any], folder: str | Path) -> None:
+    write_text_atomically(Path(folder, "summary.json"), json.dumps(summary, indent=2) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write to a temporary name, then rename: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def read_status(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's job.json, or None when it has none (or an unreadable one)."""
+    path = Path(folder, STATUS_FILE)
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def mark_status(folder: str | Path, status: str, **fields: Any) -> None:
+    if status not in STATUSES_OF_RUNS:
+        raise ValueError(f"run status {status!r} is not one of {STATUSES_OF_RUNS}")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"status": status, **fields}, indent=2) + "\n"
+    write_text_atomically(Path(folder, STATUS_FILE), text)
+
+
+def mark_running(folder: str | Path, digest: str) -> None:
+    mark_status(folder, "running", config_digest=digest)
+
+
+def mark_completed(folder: str | Path, digest: str) -> None:
+    mark_status(folder, "completed", config_digest=digest)
+
+
+def is_completed(folder: str | Path, digest: str | None = None) -> bool:
+    """The folder's run finished (for this configuration digest, when one is given)."""
+    status = read_status(folder) or {}
+    same = digest is None or status.get("config_digest") == digest
+    return status.get("status") == "completed" and same
+
+
 def load_run(folder: str | Path) -> RunOutputs:
+    """Read a finished run's folder back; refuses a folder whose run did not finish."""
     folder = Path(folder)
     missing = [f for f in FILES if not (folder / f).exists()]
+    status = read_status(folder)
+    if status is None and missing:
+        raise IncompleteRunError(f"{folder}: not a fairsim run folder (missing {missing})")
+    if status is None or status.get("status") != "completed":
+        state = "has no completion mark" if status is None else f"is {status.get('status')}"
+        error = f": {status['error']}" if status and status.get("error") else ""
+        raise IncompleteRunError(f"{folder}: the run {state}{error}; it holds no finished run")
     if missing:
-        raise FileNotFoundError(f"{folder}: not a fairsim run folder (missing {missing})")
+        raise IncompleteRunError(f"{folder}: marked completed but {missing} are missing")
     return RunOutputs(
         requests=pd.read_parquet(folder / "requests.parquet"),
         tokens=pd.read_parquet(folder / "tokens.parquet"),

@@ -1,0 +1,155 @@
+"""How a run ends and what its folder says: empty runs finish, a bug is reported as one (exit 3,
+traceback kept in job.json), SIGINT/SIGTERM stop the run with 130/143 and mark the folder, and
+`load_run` / `fairsim-aggregate` take only folders marked completed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import a10g_cost, random_trace
+from policies import FCFS
+from simulator.apps.aggregate import aggregate
+from simulator.engines import SLoRAConfig, simulate
+from simulator.report.run_folder import IncompleteRunError, load_run, write_run
+
+CLI = "from simulator.apps.cli import main; main()"
+# a bug planted in a metric: the run folder's summary raises ZeroDivisionError
+BUGGY_CLI = (
+    "import simulator.report.run_folder as f; f.fairness_summary = lambda *a, **k: 1 / 0; " + CLI
+)
+QUICK = ["workload.duration=20", "progress=false", "compare_with=null", "veeksha_metrics=false"]
+
+
+def fairsim(*args: str, code: str = CLI, env: dict[str, str] | None = None, cwd: Path):
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def small_timeline():
+    return simulate(random_trace(1, 100, 3, 300, 100, 5.0), FCFS(), a10g_cost(), SLoRAConfig())
+
+
+def status(folder: Path) -> dict:
+    return json.loads((folder / "job.json").read_text())
+
+
+@pytest.mark.parametrize("override", ["engine.pool_tokens=100", "engine.horizon=0.01"])
+def test_a_run_where_nothing_completes_finishes_with_empty_metrics(tmp_path, override):
+    res = fairsim(override, "progress=false", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "no completed requests" in res.stdout
+    back = load_run(tmp_path / "run")
+    s = back.summary
+    assert s["status_counts"]["completed"] == 0
+    assert sum(s["status_counts"].values()) == s["requests"] == len(back.requests)
+    assert s["fairness"]["max_diff"] is None and s["fairness"]["avg_diff"] is None  # NaN
+    assert s["qoe"]["fluidity"]["mean"] is None
+    assert len(back.tokens) == 0
+
+
+def test_an_internal_error_exits_3_with_one_line_and_keeps_the_traceback(tmp_path):
+    run = tmp_path / "run"
+    res = fairsim(*QUICK, f"hydra.run.dir={run}", code=BUGGY_CLI, cwd=tmp_path)
+    assert res.returncode == 3, res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fairsim: internal error (a bug")
+    assert "ZeroDivisionError" in lines[0] and str(run / "job.json") in lines[0]
+    failed = status(run)
+    assert failed["status"] == "failed" and failed["kind"] == "internal error"
+    assert "ZeroDivisionError" in failed["traceback"] and "fairness_summary" in failed["traceback"]
+    with pytest.raises(IncompleteRunError, match="is failed"):
+        load_run(run)
+
+
+def test_the_traceback_switch_prints_the_whole_traceback(tmp_path):
+    res = fairsim(
+        *QUICK,
+        f"hydra.run.dir={tmp_path}/run",
+        code=BUGGY_CLI,
+        env={"FAIRSIM_TRACEBACK": "1"},
+        cwd=tmp_path,
+    )
+    assert res.returncode == 3
+    assert "Traceback (most recent call last)" in res.stderr
+    assert res.stderr.rstrip().splitlines()[-1].startswith("fairsim: internal error")
+
+
+def test_an_input_error_marks_the_folder_failed_as_an_input_error(tmp_path):
+    res = fairsim("engine.pool_tokens=-5", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert res.returncode == 2
+    failed = status(tmp_path / "run")
+    assert failed["status"] == "failed" and failed["kind"] == "input error"
+    assert "engine.pool_tokens must be an integer >= 1" in failed["error"]
+
+
+@pytest.mark.parametrize(("signum", "exit_status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_run_with_one_line_and_marks_the_folder(tmp_path, signum, exit_status):
+    run = tmp_path / "run"
+    # about 6 s of simulation on this machine: long enough to be stopped in the middle
+    args = ["workload.duration=3000", "progress=false", "compare_with=null", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "job.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(run)["status"] == "running"
+        time.sleep(0.5)  # into the simulation
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+        stopped_after = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == exit_status, err
+    assert err.splitlines() == [f"fairsim: interrupted ({signal.Signals(signum).name})"]
+    assert stopped_after < 5, "stops promptly instead of finishing the run"
+    marked = status(run)
+    assert marked == {**marked, "status": "interrupted", "signal": signal.Signals(signum).name}
+    with pytest.raises(IncompleteRunError, match="is interrupted"):
+        load_run(run)
+
+
+def test_load_run_takes_only_a_folder_marked_completed(tmp_path):
+    timeline = small_timeline()
+    write_run(timeline, tmp_path / "half", {"seed": 1}, complete=False)
+    assert (tmp_path / "half" / "summary.json").exists()
+    with pytest.raises(IncompleteRunError, match="is running"):
+        load_run(tmp_path / "half")
+    write_run(timeline, tmp_path / "whole", {"seed": 1})
+    assert len(load_run(tmp_path / "whole").requests) == len(timeline.requests_frame())
+    assert not list((tmp_path / "whole").glob("*.tmp")), "temporary names are renamed"
+    with pytest.raises(IncompleteRunError, match="not a fairsim run folder"):
+        load_run(tmp_path)
+
+
+def test_aggregate_skips_a_folder_with_a_summary_but_no_completion_mark(tmp_path):
+    timeline = small_timeline()
+    for name, complete in (("done", True), ("broken", False)):
+        folder = tmp_path / name / "seed=0"
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "hydra.yaml").write_text("hydra: {runtime: {choices: {}}}\n")
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- workload.name={name}\n")
+        (folder / ".hydra" / "config.yaml").write_text("seed: 0\n")
+        write_run(timeline, folder, {"seed": 0}, complete=complete)
+    table = aggregate(tmp_path).drop_duplicates("job").set_index("job")["status"]
+    assert table.to_dict() == {"broken/seed=0": "running", "done/seed=0": "completed"}
