@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from cost_models.base import CostModelError
+from traces.files import file_source, read_table
+from traces.schema import TraceError, position
 
 if TYPE_CHECKING:  # scipy is imported when a table is loaded, not with every cost model
     from scipy.interpolate import LinearNDInterpolator
@@ -77,11 +79,10 @@ class TableStepCost:
 
 def read_profile(path: str | Path) -> pd.DataFrame:
     try:
-        table = pd.read_csv(path)
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such profile file") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as err:
-        raise ProfileError(f"{path}: not a readable CSV profile ({err})") from None
+        table = read_table(path, "csv")
+    except TraceError as err:  # missing, empty, not UTF-8, malformed: say it is the profile
+        raise ProfileError(f"cost_model.path: {err}") from None
+    source = file_source(path, table)
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise ProfileError(f"{path}: missing column(s) {missing}; accepted columns: {REQUIRED}")
@@ -93,7 +94,7 @@ def read_profile(path: str | Path) -> pd.DataFrame:
         if bad.any():
             row = int(np.argmax(bad.to_numpy()))
             raise ProfileError(
-                f"{path}: row {row + 2}, field '{col}': got {table[col].iloc[row]!r}; "
+                f"{path}: {position(source, row)}, field '{col}': got {table[col].iloc[row]!r}; "
                 "accepted: a finite number > 0 (tokens may be 0)"
             )
         table[col] = values
@@ -101,7 +102,7 @@ def read_profile(path: str | Path) -> pd.DataFrame:
     if bad_phase.any():
         row = int(np.argmax(bad_phase.to_numpy()))
         raise ProfileError(
-            f"{path}: row {row + 2}, field 'phase': got {table.phase.iloc[row]!r}; "
+            f"{path}: {position(source, row)}, field 'phase': got {table.phase.iloc[row]!r}; "
             "accepted: 'prefill' or 'decode'"
         )
     for phase in ("prefill", "decode"):

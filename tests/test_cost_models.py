@@ -80,11 +80,11 @@ def test_table_model_interpolates_and_extrapolates(tmp_path):
         ("phase,batch_size,seconds\nprefill,1,0.1\n", "missing column"),
         (
             "phase,batch_size,tokens,seconds\nprefill,1,10,abc\ndecode,1,1,0.1\n",
-            "row 2, field 'seconds'",
+            "line 2, field 'seconds'",
         ),
         (
             "phase,batch_size,tokens,seconds\nprefil,1,10,0.1\ndecode,1,1,0.1\n",
-            "row 2, field 'phase'",
+            "line 2, field 'phase'",
         ),
         ("phase,batch_size,tokens,seconds\nprefill,1,10,0.1\n", "no 'decode' rows"),
     ],

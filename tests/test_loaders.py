@@ -83,11 +83,11 @@ def test_mooncake_jsonl_in_milliseconds_keeps_hash_ids(tmp_path):
     t = load_mooncake(p)
     assert t.arrival.tolist() == [0.0, 0.0, 2.5]
     assert [h.tolist() for h in t.block_hashes] == [[1, 2], [1, 3], []]
-    with pytest.raises(TraceError, match="row 1, field 'timestamp'.*repeats"):
+    with pytest.raises(TraceError, match="line 2, field 'timestamp'.*repeats"):
         load_mooncake(p, duplicates=False)
     bad = write(tmp_path, "b.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 1, '
                 '"hash_ids": "x"}\n')  # fmt: skip
-    with pytest.raises(TraceError, match="b.jsonl: row 0, field 'hash_ids'"):
+    with pytest.raises(TraceError, match="b.jsonl: line 1, field 'hash_ids'"):
         load_mooncake(bad)
 
 
@@ -131,12 +131,12 @@ HEADER = "arrival,prompt_len,output_len\n"
     "body, match",
     [
         ("arrival,prompt_len\n0,1\n", "field 'output_len': missing column"),
-        (HEADER + "0,1,1\n1,x,1\n", "row 1, field 'prompt_len': got 'x'"),
-        (HEADER + "0,1,1\n1,5,-2\n", "row 1, field 'output_len': got -2"),
-        (HEADER + "0,1,1\n1,5,\n", "row 1, field 'output_len': got nan"),
-        (HEADER + "0,1,1\n,5,2\n", "row 1, field 'arrival': got nan"),
-        (HEADER + "0,1,1\n2,5,2\n1,5,2\n", "row 2, field 'arrival'.*or sort=true"),
-        (HEADER + "0,1,1\n0,5,2\n", "row 1, field 'arrival': timestamp 0.0 repeats"),
+        (HEADER + "0,1,1\n1,x,1\n", "line 3, field 'prompt_len': got 'x'"),
+        (HEADER + "0,1,1\n1,5,-2\n", "line 3, field 'output_len': got -2"),
+        (HEADER + "0,1,1\n1,5,\n", "line 3, field 'output_len': got nan"),
+        (HEADER + "0,1,1\n,5,2\n", "line 3, field 'arrival': got nan"),
+        (HEADER + "0,1,1\n2,5,2\n1,5,2\n", "line 4, field 'arrival'.*or sort=true"),
+        (HEADER + "0,1,1\n0,5,2\n", "line 3, field 'arrival': timestamp 0.0 repeats"),
         ("", "the file is empty"),
         (HEADER, "no data rows"),
         (HEADER.encode() + b"0,1,1\n1,\xe9\xff,1\n", r"line 3 is not UTF-8"),
@@ -147,6 +147,31 @@ def test_malformed_files_name_the_file_row_and_field(tmp_path, body, match):
     with pytest.raises(TraceError, match=match) as info:
         load_table(p)
     assert str(p) in str(info.value) and "accepted" in str(info.value)
+
+
+def test_errors_name_the_files_own_line_in_csv_and_jsonl_alike(tmp_path):
+    # blank lines are skipped by the reader but still counted, as an editor counts them
+    csv = write(tmp_path, "gaps.csv", HEADER + "0,1,1\n\n   \n1,x,1\n")
+    with pytest.raises(TraceError, match="line 5, field 'prompt_len'"):
+        load_table(csv)
+    jsonl = write(
+        tmp_path,
+        "gaps.jsonl",
+        '{"arrival": 0, "prompt_len": 1, "output_len": 1}\n\n'
+        '{"arrival": 1, "prompt_len": "x", "output_len": 1}\n',
+    )
+    with pytest.raises(TraceError, match="line 3, field 'prompt_len'"):
+        load_table(jsonl)
+    # sorting first still names the line the bad row sits on
+    unsorted = write(tmp_path, "u.csv", HEADER + "5,1,1\n0,2,2\n0,3,3\n")
+    with pytest.raises(TraceError, match="line 4, field 'arrival': timestamp 0.0 repeats"):
+        load_table(unsorted, sort=True)
+    parquet = tmp_path / "bad.parquet"
+    pd.DataFrame({"arrival": [0.0, 1.0], "prompt_len": [1, -3], "output_len": [1, 1]}).to_parquet(
+        parquet
+    )
+    with pytest.raises(TraceError, match="row 2, field 'prompt_len': got -3"):
+        load_table(parquet)
 
 
 def test_unsorted_and_duplicate_timestamps_can_be_allowed(tmp_path):
@@ -344,5 +369,5 @@ def test_trace_stats_bad_file_is_one_line_and_exit_2(tmp_path):
     )
     assert run.returncode == 2 and run.stdout == ""
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "row 0, field 'num_decode_tokens'" in lines[0]
+    assert len(lines) == 1 and "line 2, field 'num_decode_tokens'" in lines[0]
     assert "Traceback" not in run.stderr

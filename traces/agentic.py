@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.files import numbers, read_table, require, resolve_path
+from traces.files import file_source, numbers, read_table, require, resolve_path
 from traces.schema import Trace, TraceError
 
 COLUMNS = [
@@ -55,7 +55,7 @@ def load_agentic_sessions(
         raise TraceError(f"session_rate must be > 0 sessions/s, got {session_rate!r}")
     p = resolve_path(path, "agentic sessions file")
     df = read_table(p, "csv")
-    src = str(p)
+    src = file_source(p, df)
     require(df, COLUMNS, src)
     for col in ("req_idx", "t_abs_s", "in_tokens", "out_tokens"):
         numbers(df, col, src)

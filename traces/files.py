@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.schema import TraceError
+from traces.schema import FileSource, TraceError, position
+
+LINE_INDEX = "line"  # read_table's index: the file line of each row (CSV, JSONL)
 
 TABLE_FORMATS = ("csv", "parquet", "jsonl")
 SUFFIX_FORMAT = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl"}
@@ -59,6 +61,12 @@ def read_table(path: str | Path, fmt: str | None = None) -> pd.DataFrame:
     return frame
 
 
+def file_source(path: str | Path, frame: pd.DataFrame) -> FileSource:
+    """The name to give a table read by `read_table` in errors: it names file lines."""
+    lines = frame.index.to_numpy() if frame.index.name == LINE_INDEX else None
+    return FileSource(str(path), lines)
+
+
 def _utf8(p: Path) -> str:
     raw = p.read_bytes()
     try:
@@ -74,13 +82,19 @@ def _read_csv(p: Path, text: str) -> pd.DataFrame:
     if not text.strip():
         raise TraceError(f"{p}: the file is empty; accepted: a header row and data rows")
     try:
-        return pd.read_csv(io.StringIO(text))
+        frame = pd.read_csv(io.StringIO(text))
     except pd.errors.ParserError as err:
         raise TraceError(f"{p}: malformed CSV ({err}); accepted: comma-separated rows") from None
+    # pandas skips blank (and whitespace-only) lines; a row's line is then the n-th non-blank
+    # line after the header (a quoted field spanning lines would shift this; traces have none)
+    filled = [i for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if len(filled) - 1 == len(frame):
+        frame.index = pd.Index(filled[1:], name=LINE_INDEX)
+    return frame
 
 
 def _read_jsonl(p: Path, text: str) -> pd.DataFrame:
-    rows = []
+    rows, lines = [], []
     for line_no, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
@@ -96,9 +110,10 @@ def _read_jsonl(p: Path, text: str) -> pd.DataFrame:
                 f"{p}: line {line_no + 1} holds {type(row).__name__}; accepted: a JSON object"
             )
         rows.append(row)
+        lines.append(line_no + 1)
     if not rows:
         raise TraceError(f"{p}: the file is empty; accepted: one JSON object per line")
-    return pd.DataFrame.from_records(rows)
+    return pd.DataFrame.from_records(rows, index=pd.Index(lines, name=LINE_INDEX))
 
 
 def require(frame: pd.DataFrame, columns: list[str], source: str) -> None:
@@ -118,5 +133,7 @@ def numbers(frame: pd.DataFrame, column: str, source: str) -> np.ndarray:
         row = int(np.argmax(bad))
         cell = frame[column].iloc[row]
         cell = cell.item() if isinstance(cell, np.generic) else cell
-        raise TraceError(f"{source}: row {row}, field {column!r}: got {cell!r}; accepted: a number")
+        raise TraceError(
+            f"{source}: {position(source, row)}, field {column!r}: got {cell!r}; accepted: a number"
+        )
     return values

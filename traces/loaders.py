@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from traces.agentic import load_agentic_sessions
-from traces.files import numbers, read_table, require
-from traces.schema import Trace, TraceError, int_column
+from traces.files import file_source, numbers, read_table, require
+from traces.schema import Trace, TraceError, int_column, position
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -31,16 +31,17 @@ def check_times(times: np.ndarray, source: str, field: str, sort: bool, duplicat
     t = times[order]
     back = np.flatnonzero(np.diff(t) < 0)
     if back.size:
-        row = int(back[0] + 1)
+        k = int(back[0] + 1)
+        where = position(source, int(order[k]))
         raise TraceError(
-            f"{source}: row {row}, field {field!r}: got {t[row].item()!r} after "
-            f"{t[row - 1].item()!r}; accepted: non-decreasing timestamps (or sort=true)"
+            f"{source}: {where}, field {field!r}: got {t[k].item()!r} after "
+            f"{t[k - 1].item()!r}; accepted: non-decreasing timestamps (or sort=true)"
         )
     same = np.flatnonzero(np.diff(t) == 0)
     if same.size and not duplicates:
-        row = int(order[same[0] + 1])
+        where, repeated = position(source, int(order[same[0] + 1])), t[same[0] + 1].item()
         raise TraceError(
-            f"{source}: row {row}, field {field!r}: timestamp {t[same[0] + 1].item()!r} repeats "
+            f"{source}: {where}, field {field!r}: timestamp {repeated!r} repeats "
             "the previous row's; accepted: strictly increasing timestamps (or duplicates=true)"
         )
 
@@ -70,6 +71,7 @@ def load_table(
     if time_unit not in TIME_UNITS:
         raise TraceError(f"{source}: time_unit {time_unit!r}; accepted: {tuple(TIME_UNITS)}")
     frame = read_table(path, fmt)
+    source = file_source(path, frame)
     require(frame, list(mapping.values()), source)
     times = numbers(frame, mapping["arrival"], source) * TIME_UNITS[time_unit]
     check_times(times, source, mapping["arrival"], sort, duplicates)
@@ -112,16 +114,17 @@ def load_azure(
 ) -> Trace:
     """Azure LLM inference 2023 (TIMESTAMP with 7 fractional digits, ContextTokens,
     GeneratedTokens); times are seconds since the first timestamp, exact to the 100 ns tick."""
-    source = str(path)
     frame = read_table(path, "csv")
+    source = file_source(path, frame)
     require(frame, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], source)
     text = frame["TIMESTAMP"].astype(str)
     stamps = pd.to_datetime(text, errors="coerce", format="%Y-%m-%d %H:%M:%S.%f")
     bad = stamps.isna().to_numpy()
     if bad.any():
         row = int(np.argmax(bad))
+        got = frame["TIMESTAMP"].iloc[row]
         raise TraceError(
-            f"{source}: row {row}, field 'TIMESTAMP': got {frame['TIMESTAMP'].iloc[row]!r}; "
+            f"{source}: {position(source, row)}, field 'TIMESTAMP': got {got!r}; "
             "accepted: 'YYYY-MM-DD HH:MM:SS.fffffff'"
         )
     ns = stamps.to_numpy().astype("datetime64[ns]").astype(np.int64)
@@ -172,8 +175,8 @@ def load_mooncake(
     """Mooncake-style JSONL: `timestamp` (ms), `input_length`, `output_length`, optional
     `hash_ids` (the prompt's KV block hashes, kept for prefix-cache work). Mooncake traces have
     many requests per millisecond, so equal timestamps are allowed by default."""
-    source = str(path)
     frame = read_table(path, "jsonl")
+    source = file_source(path, frame)
     require(frame, ["timestamp", "input_length", "output_length"], source)
     times = numbers(frame, "timestamp", source) / 1e3
     check_times(times, source, "timestamp", sort, duplicates)
@@ -185,8 +188,8 @@ def load_mooncake(
                 isinstance(h, int) and not isinstance(h, bool) for h in ids
             ):
                 raise TraceError(
-                    f"{source}: row {row}, field 'hash_ids': got {ids!r}; accepted: a list of "
-                    "integers"
+                    f"{source}: {position(source, row)}, field 'hash_ids': got {ids!r}; "
+                    "accepted: a list of integers"
                 )
             hashes[row] = np.asarray(ids, dtype=np.int64)
     mapping = {"prompt_len": "input_length", "output_len": "output_length"}
@@ -195,8 +198,8 @@ def load_mooncake(
 
 def load_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Etalon's length-only CSVs (num_prefill_tokens, num_decode_tokens): (prompts, outputs)."""
-    source = str(path)
     frame = read_table(path, "csv")
+    source = file_source(path, frame)
     require(frame, ["num_prefill_tokens", "num_decode_tokens"], source)
     prompt, output = (
         int_column(frame[c].to_numpy(), c, source, 1)

@@ -21,8 +21,28 @@ class TraceError(ValueError):
     workload), the row and field where there is one, and what is accepted."""
 
 
+class FileSource(str):
+    """A trace file's name that also knows where each row of its table sits in the file, so an
+    error names the file's line (CSV, JSONL) or its 1-based row (Parquet) the way an editor
+    shows it. A plain string source (columns given in Python) names the 0-based row index."""
+
+    lines: np.ndarray | None
+
+    def __new__(cls, name: str, lines: np.ndarray | None = None) -> FileSource:
+        obj = super().__new__(cls, name)
+        obj.lines = lines
+        return obj
+
+
+def position(source: str, row: int) -> str:
+    """Where row `row` (0-based, in the order read) of a source is: 'line 17' or 'row 3'."""
+    if isinstance(source, FileSource):
+        return f"line {int(source.lines[row])}" if source.lines is not None else f"row {row + 1}"
+    return f"row {row}"
+
+
 def _fail(source: str, row: int | None, fieldname: str, got: object, accepted: str) -> TraceError:
-    where = f"{source}: " + (f"row {row}, " if row is not None else "")
+    where = f"{source}: " + (f"{position(source, row)}, " if row is not None else "")
     return TraceError(f"{where}field '{fieldname}': got {got!r}; accepted: {accepted}")
 
 
