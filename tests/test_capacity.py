@@ -16,6 +16,7 @@ from simulator.apps.capacity import (
 )
 from simulator.apps.capacity_run import SimulatedService, capacity_search, write_results
 from simulator.apps.run import compose_config
+from simulator.core.errors import ConfigError
 
 
 def below(threshold):
@@ -207,3 +208,26 @@ def test_capacity_search_rejects_bad_configuration():
         SimulatedService(
             capacity_cfg("capacity.variable=concurrency", "capacity.num_requests=null")
         )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["capacity.mode=veeksha", "capacity.start=10", "capacity.upper=2"], "must be >= capacity"),
+        (
+            ["capacity.mode=evalscope", "capacity.start=10", "capacity.upper=2"],
+            "must be >= capacity",
+        ),
+        (["capacity.mode=evalscope", "capacity.start=4", "capacity.lower=8"], "capacity.lower"),
+        (["capacity.mode=etalon", "capacity.upper=50"], "not used by capacity.mode=etalon"),
+        (["capacity.mode=etalon", "capacity.start=0"], "capacity.start must be > 0"),
+        (["capacity.mode=veeksha", "capacity.start=-1"], "capacity.start must be > 0"),
+        (["capacity.variable=concurrency", "capacity.start=2.5"], "whole number of users"),
+        (["capacity.mode=veeksha", "capacity.precision=-1"], "capacity.precision"),
+        (["capacity.mode=etalon", "capacity.max_iterations=0"], "capacity.max_iterations"),
+    ],
+)
+def test_capacity_bounds_are_checked_in_every_mode_before_any_probe(overrides, message):
+    cfg = capacity_cfg(*overrides)
+    with pytest.raises(ConfigError, match=message):
+        capacity_search(cfg)

@@ -166,11 +166,39 @@ class SimulatedService:
         }
 
 
+def check_bounds(cap: DictConfig) -> None:
+    """The search's bounds make sense for its mode before anything is probed."""
+    start, upper, lower = float(cap.start), cap.get("upper"), int(cap.lower)
+    if not start > 0:
+        raise ConfigError(f"capacity.start must be > 0, got {cap.start!r}")
+    if cap.variable == "concurrency" and not float(start).is_integer():
+        raise ConfigError(f"capacity.start must be a whole number of users, got {cap.start!r}")
+    if cap.mode == "etalon":
+        if upper is not None:
+            raise ConfigError(
+                "capacity.upper is not used by capacity.mode=etalon (it brackets [0, 2 * start] "
+                "and widens it itself); leave it null or use mode=veeksha / evalscope"
+            )
+        if int(cap.max_iterations) < 1:
+            raise ConfigError(f"capacity.max_iterations must be >= 1, got {cap.max_iterations}")
+        return
+    if upper is not None and float(upper) < start:
+        raise ConfigError(f"capacity.upper ({upper}) must be >= capacity.start ({cap.start})")
+    if cap.mode == "veeksha" and int(cap.precision) < 0:
+        raise ConfigError(f"capacity.precision must be an integer >= 0, got {cap.precision}")
+    if cap.mode == "evalscope":
+        if not 1 <= lower <= start:
+            raise ConfigError(f"capacity.lower must be in [1, start={cap.start}], got {lower}")
+        if int(cap.num_runs) < 1:
+            raise ConfigError(f"capacity.num_runs must be >= 1, got {cap.num_runs}")
+
+
 def capacity_search(cfg: DictConfig) -> list[SearchResult]:
     """Run the configured search (`capacity.mode`); one result per criteria group."""
     cap = cfg.capacity
     if cap.mode not in MODES:
         raise ConfigError(f"capacity.mode: got {cap.mode!r}; accepted: {MODES}")
+    check_bounds(cap)
     service = SimulatedService(cfg)
     if cap.mode == "evalscope":
         groups = parse_sla_params(OmegaConf.to_container(cap.sla_params))  # type: ignore[arg-type]
