@@ -281,3 +281,14 @@ def test_artifact_shaped_workload_matches_the_trace_facts():
     assert 3 <= np.median(np.delete(calls, heavy)) * 60 / 71 <= 6
     assert set(tr.num_calls[firsts].tolist()) >= {1, 2, 3, 4, 288}
     assert np.mean(tr.num_calls[firsts] == 1) > 0.5
+
+
+def test_the_fairserve_table_prints_the_papers_figures_beside_the_measured(capsys):
+    from simulator.apps.fairserve_table import main
+
+    main(["--experiment", "fairserve_overload", "--policy", "rpm_interaction"])
+    head, row = capsys.readouterr().out.splitlines()[:2]
+    assert head.split()[:6] == ["experiment", "policy", "thr", "calls", "paper", "thr"]
+    cells = row.split()
+    # measured calls, the paper's 2,843, measured interactions, the paper's 1,996, ... 108k
+    assert cells[3] == "2843" and cells[5] == "1996" and cells[7] == "108000"
