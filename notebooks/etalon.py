@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Etalon: fluidity-index, fluid token generation rate, capacity under a fluidity SLO
+# # Etalon: fluidity-index, fluid token generation rate, capacity under a deadline-miss SLO
 #
 # Full scale: `SCALE = "full"` (loads 0.25-2.0 of the VTC overload suite for 600 s, Etalon's
 # capacity search with 2,000 requests per probe; a few minutes). CI: 3 loads for 60 s and 300
@@ -96,7 +96,7 @@ plt.show()
 sweep.round(3)
 
 # %% [markdown]
-# ## Capacity under a fluidity SLO (Etalon's search)
+# ## Capacity under a deadline-miss SLO (Etalon's search)
 # The highest Poisson rate at which the P99 over requests of the deadline-miss rate stays at or
 # below 10% (D_d = 30 ms, D_p = profiled prefill time + 0.3 s), for Llama-2-7B on an A100
 # (roofline step times). On the A10G model a decode step alone takes 36-40 ms, longer than

@@ -272,11 +272,19 @@ def _main(argv: list[str] | None) -> None:
     x = args.x or load_column(table)
     if x is not None and x not in table.columns:
         raise ConfigError(f"--x {x!r} is not a column of the sweep; columns: {list(table)}")
-    written = [
-        plot_metrics(table, x, args.sweep_dir / "sweep_metrics.png") if x else None,
-        plot_service(args.sweep_dir, table, x, args.sweep_dir / "sweep_service.png"),
-        plot_fluidity(args.sweep_dir, table, x, args.sweep_dir / "sweep_fluidity.png"),
-    ]
-    for path in written:
-        if path is not None:
-            print(f"plot: {path}")
+    plots = {
+        "sweep_metrics.png": (
+            plot_metrics(table, x, args.sweep_dir / "sweep_metrics.png") if x else None,
+            "no load column swept (give --x)",
+        ),
+        "sweep_service.png": (
+            plot_service(args.sweep_dir, table, x, args.sweep_dir / "sweep_service.png"),
+            "no job served a request",
+        ),
+        "sweep_fluidity.png": (
+            plot_fluidity(args.sweep_dir, table, x, args.sweep_dir / "sweep_fluidity.png"),
+            "no job completed a request with constant deadlines",
+        ),
+    }
+    for name, (path, why_not) in plots.items():
+        print(f"plot: {path}" if path is not None else f"no {name}: {why_not}")

@@ -1,0 +1,103 @@
+"""Every command line in the README runs as written (plus small-scale overrides), so the README
+cannot go stale: each `fairsim*` line of its bash blocks is run in a scratch folder and must exit
+0. Lines that read `../shared/data` skip when it is absent; the Ray-cluster line needs a real
+cluster's address and is skipped by name."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, SHARED_DATA
+
+BIN = Path(sys.executable).parent
+# small scale: runs stop early; a sweep's jobs skip the comparison and the Veeksha files
+RUN_OVERRIDES = ["engine.horizon=20", "progress=false"]
+SWEEP_OVERRIDES = [
+    "engine.horizon=30",
+    "progress=false",
+    "compare_with=null",
+    "veeksha_metrics=false",
+]
+NEEDS_DATA = ("../shared/data", "vtc_real", "azure_conv", "vidur_profile", "etalon_")
+PLACEHOLDERS = ("HOST:6379",)
+
+
+def readme_commands() -> list[str]:
+    """The `fairsim*` command lines of the README's bash blocks, comments and line
+    continuations removed; from the quick start, the part after the install."""
+    text = (ROOT / "README.md").read_text()
+    lines: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            line = line.rsplit("&&", 1)[-1].strip()
+            if line.startswith("fairsim"):
+                lines.append(line)
+    return lines
+
+
+def cases() -> list[list[str]]:
+    """One case per command; `fairsim-aggregate` goes with the sweep it reads."""
+    out: list[list[str]] = []
+    for line in readme_commands():
+        if line.startswith("fairsim-aggregate") and out:
+            out[-1].append(line)
+        else:
+            out.append([line])
+    return out
+
+
+def test_the_readme_has_the_commands_this_test_runs():
+    lines = readme_commands()
+    assert lines[0] == "fairsim", "the quick start's default run comes first"
+    assert len(lines) >= 25 and any(line.startswith("fairsim -m") for line in lines)
+
+
+def scaled(argv: list[str], run_dir: Path) -> list[str]:
+    program, args = argv[0], argv[1:]
+    if program == "fairsim" and "-m" in args:
+        return [*argv, *SWEEP_OVERRIDES]
+    if program == "fairsim":
+        return [*argv, *RUN_OVERRIDES, f"hydra.run.dir={run_dir}"]
+    if program == "fairsim-capacity":
+        return [*argv, "progress=false", f"hydra.run.dir={run_dir}"]
+    return argv
+
+
+@pytest.mark.parametrize("lines", cases(), ids=lambda lines: lines[0][:70])
+def test_a_readme_command_runs_as_written(lines, tmp_path):
+    joined = " ".join(lines)
+    if any(p in joined for p in PLACEHOLDERS):
+        pytest.skip("needs a running Ray cluster's address (HOST is a placeholder)")
+    if any(marker in joined for marker in NEEDS_DATA) and not SHARED_DATA.exists():
+        pytest.skip(f"reads {SHARED_DATA}, which is absent")
+    work = tmp_path / "work"  # ../shared resolves from here as from the project root
+    work.mkdir()
+    if SHARED_DATA.exists():
+        (tmp_path / "shared").symlink_to(SHARED_DATA.parent)
+    (work / "my_profile.csv").write_text(
+        "phase,batch_size,tokens,seconds\nprefill,1,100,0.01\nprefill,4,4000,0.09\n"
+        "decode,1,100,0.01\ndecode,8,800,0.012\ndecode,4,4000,0.02\n"
+    )
+    for i, line in enumerate(lines):
+        argv = shlex.split(line)
+        argv = scaled(argv, tmp_path / f"run{i}")
+        res = subprocess.run(
+            [str(BIN / argv[0]), *argv[1:]],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert res.returncode == 0, f"{line}\n{res.stderr[-3000:]}"
+        if argv[0] == "fairsim-aggregate":
+            promised = re.search(r"and (\w+) plots", (ROOT / "README.md").read_text())
+            plots = sorted(p.name for p in (work / argv[1]).glob("*.png"))
+            words = {"one": 1, "two": 2, "three": 3}
+            assert promised and len(plots) == words[promised.group(1)], plots
