@@ -1,13 +1,16 @@
 """The vLLM-style engine (simulator/engines/vllm.py): paged blocks, chunked prefill, recompute
 preemption, prefix caching, fast-forward, and the policies' charges on it."""
 
+from collections import Counter
+from itertools import takewhile
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine import workloads
 
-from conftest import a10g_cost, check_accounting, random_trace
+from conftest import a10g_cost, check_accounting, random_trace, shared_file
 from cost_models import ConstantStepCost, RooflineCost
 from policies import FCFS, LCF, RPM, VTC
 from policies.base import BasePolicy
@@ -16,7 +19,9 @@ from simulator.core.requests import COMPLETED, IN_FLIGHT
 from simulator.core.seam import PromptTokens
 from simulator.engines import VLLMConfig, simulate
 from simulator.engines.kv_blocks import BlockPool, block_keys
+from simulator.metrics import replicas
 from traces import Trace
+from traces.agentic import load_agentic_sessions
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
 
@@ -345,3 +350,72 @@ def test_priority_admits_the_most_urgent_client_and_preempts_the_least():
     assert pol.victim([0, 1, 2]) == 1
     with pytest.raises(ValueError, match="unknown client"):
         Priority({"zz": 1}).bind(tr)
+
+
+def unlimited_cache_bound(tr: Trace) -> np.ndarray:
+    """Independent of the engine: the most prompt tokens each request could find in an
+    unlimited cache holding every other request's blocks, i.e. its longest run of leading hash
+    ids that another request of the trace also starts with, in tokens, capped at prompt - 1.
+    (Hash ids name their whole prefix here, as in Mooncake and the agentic traces.)"""
+    assert tr.block_hashes is not None
+    prefixes = []
+    for ids in tr.block_hashes:
+        keys, key = [], 0
+        for h in ids.tolist():
+            key = hash((key, h))
+            keys.append(key)
+        prefixes.append(keys)
+    counts = Counter(k for keys in prefixes for k in keys)
+    depth = np.array(
+        [sum(1 for _ in takewhile(lambda k: counts[k] > 1, keys)) for keys in prefixes]
+    )
+    return np.minimum(depth * tr.hash_block_tokens, tr.prompt_len - 1)
+
+
+def conversations(n_conv: int, turns: int, system_blocks: int, seed: int) -> Trace:
+    """Multi-turn conversations sharing a system prompt: turn t's prompt is turn t-1's plus new
+    blocks (fresh hash ids), so later turns hit the cache; long outputs fill a small pool."""
+    rng = np.random.default_rng(seed)
+    fresh = iter(range(system_blocks, 10**9))
+    rows = []
+    for c in range(n_conv):
+        ids = list(range(system_blocks))
+        for t in range(turns):
+            ids = ids + [next(fresh) for _ in range(int(rng.integers(1, 4)))]
+            rows.append((c * 0.05 + t * 2.0, list(ids), f"c{c % 3}"))
+    rows.sort(key=lambda r: r[0])
+    return trace(
+        [r[0] for r in rows],
+        [len(r[1]) * 16 + 5 for r in rows],
+        [int(x) for x in rng.integers(100, 300, len(rows))],
+        client=[r[2] for r in rows],
+        hashes=[np.asarray(r[1], dtype=np.int64) for r in rows],
+    )
+
+
+def test_prefix_hit_rate_counts_each_prompt_once_within_the_unlimited_cache_bound():
+    tr = conversations(n_conv=12, turns=6, system_blocks=6, seed=5)
+    cfg = VLLMConfig(pool_tokens=2_400)
+    tl = simulate(tr, FCFS(), a10g_cost(), cfg)
+    check_invariants(tl, cfg)
+    cols = tl.request_columns
+    assert cols["preemptions"].sum() > 0, "the small pool preempts: resumes hit their own blocks"
+    assert cols["recompute_avoided_tokens"].sum() > 0
+    bound = unlimited_cache_bound(tr)
+    assert (cols["cached_tokens"] <= bound).all()
+    summary = replicas.engine_counts(tl.requests_frame())
+    admitted = ~np.isnan(tl.admitted_at)
+    assert 0 < summary["prefix_hit_rate"] <= bound[admitted].sum() / tr.prompt_len[admitted].sum()
+    assert summary["recompute_avoided_tokens"] == cols["recompute_avoided_tokens"].sum()
+
+
+def test_prefix_hit_rate_on_the_agentic_sessions_stays_within_the_unlimited_cache_bound():
+    path = shared_file("agentic/claude_code_sessions_flat.csv")
+    tr = load_agentic_sessions(path, sessions=4, block_hashes=True, mode="open_loop")
+    cfg = VLLMConfig(pool_tokens=400_000, max_num_batched_tokens=8192)
+    tl = simulate(tr, FCFS(), RooflineCost(gpu="h100"), cfg)
+    bound = unlimited_cache_bound(tr)
+    assert (tl.request_columns["cached_tokens"] <= bound).all()
+    summary = replicas.engine_counts(tl.requests_frame())
+    admitted = ~np.isnan(tl.admitted_at)
+    assert summary["prefix_hit_rate"] <= bound[admitted].sum() / tr.prompt_len[admitted].sum()

@@ -133,7 +133,10 @@ class VLLMRequests:
     def __init__(self, n: int) -> None:
         self.computed = [0] * n  # tokens whose KV the request holds (or is computing)
         self.high_water = [0] * n  # tokens ever computed or served from the cache
-        self.cached_tokens = [0] * n  # prompt tokens served from the prefix cache
+        # prompt tokens served from the prefix cache when first admitted (counted once)
+        self.cached_tokens = [0] * n
+        # tokens served from the cache when re-admitted after a preemption: recompute avoided
+        self.recompute_avoided = [0] * n
         self.preemptions = [0] * n
 
 
@@ -222,6 +225,7 @@ class VLLMReplica:
         return {
             "preemptions": np.asarray(self.req.preemptions, dtype=np.int64),
             "cached_tokens": np.asarray(self.req.cached_tokens, dtype=np.int64),
+            "recompute_avoided_tokens": np.asarray(self.req.recompute_avoided, dtype=np.int64),
         }
 
     def keys(self, req: int) -> list[int]:
@@ -326,7 +330,11 @@ class VLLMReplica:
             pool.admit(req, keys, hit, start + n, reserve)
             queue.remove(req)
             self.req.computed[req] = start
-            self.req.cached_tokens[req] += start
+            first = state.admitted_at[req] != state.admitted_at[req]  # NaN: never admitted
+            if first:
+                self.req.cached_tokens[req] = start
+            else:
+                self.req.recompute_avoided[req] += start
             self.req.high_water[req] = max(self.req.high_water[req], start)
             state.reason[req] = "running"
             state.replica[req] = self.index
@@ -335,7 +343,7 @@ class VLLMReplica:
             rows.append(req)
             new.append(n)
             budget -= n
-            if state.admitted_at[req] != state.admitted_at[req]:  # NaN: its first admission
+            if first:
                 state.admitted_at[req] = now
         return budget
 

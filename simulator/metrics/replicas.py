@@ -1,8 +1,8 @@
 """Metrics of the vLLM-style engine and of clusters: preemptions, prefix-cache hits, per replica.
 
 Pure functions of the run folder's tables: requests.parquet and steps.parquet carry `replica`
-(and steps `preempted`) for every engine; requests.parquet has `preemptions` and `cached_tokens`
-under engine=vllm.
+(and steps `preempted`) for every engine; requests.parquet has `preemptions`, `cached_tokens`
+and `recompute_avoided_tokens` under engine=vllm.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from simulator.metrics import latency
 
 def engine_counts(requests: pd.DataFrame) -> dict[str, Any]:
     """Preemptions and prefix-cache hits, overall and per client. The hit rate is the share of
-    admitted prompt tokens served from the cache (every admission counts, resumes included)."""
+    admitted requests' prompt tokens served from the cache, each prompt counted once (at its
+    first admission); tokens a resumed request found cached are `recompute_avoided_tokens`."""
     admitted = requests[requests.admitted_at.notna()]
     per_client: dict[str, dict[str, float | int]] = {}
     for client, g in admitted.groupby("client", observed=True):
@@ -33,6 +34,7 @@ def _counts(g: pd.DataFrame) -> dict[str, float | int]:
         "preempted_requests": int((g.preemptions > 0).sum()),
         "cached_prompt_tokens": cached,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
+        "recompute_avoided_tokens": int(g.recompute_avoided_tokens.sum()),
     }
 
 

@@ -75,7 +75,8 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
         lines.append(
             f"vLLM engine: {vllm['preemptions']} preemptions ({vllm['preempted_requests']} "
             f"requests), prefix-cache hit rate {_fmt(100 * vllm['prefix_hit_rate'], 1)}% "
-            "of admitted prompt tokens",
+            f"of admitted prompt tokens, {vllm['recompute_avoided_tokens']} tokens of recompute "
+            "avoided by hits after preemptions",
         )
     replicas = summary.get("replicas") or []
     if len(replicas) > 1:
