@@ -8,6 +8,7 @@ converted: a config that passes builds exactly what it did before.
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import types
 import typing
@@ -21,7 +22,23 @@ from simulator.core.errors import ConfigError
 
 # top-level keys of conf/config.yaml with a fixed kind
 TOP_LEVEL_KINDS = {"seed": int, "progress": bool, "veeksha_metrics": bool}
-KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+KIND_NAMES = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}
+# annotations a config value's kind is read from: a sequence is given as a list, a mapping as one
+CONTAINERS: dict[Any, type] = {
+    list: list,
+    tuple: list,
+    collections.abc.Sequence: list,
+    dict: dict,
+    collections.abc.Mapping: dict,
+}
+NONE = type(None)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -32,8 +49,18 @@ def check_config(cfg: DictConfig) -> None:
     for key, kind in TOP_LEVEL_KINDS.items():
         if key in plain and not _is_kind(plain[key], kind):
             raise ConfigError(f"{key}={plain[key]!r}: expected {KIND_NAMES[kind]}")
+    _check_seed("seed", plain.get("seed"))
     for path, node in _target_nodes(plain, ""):
         _check_node(path, node)
+        for key, value in node.items():
+            if key == "seed" or key.endswith("_seed"):
+                _check_seed(f"{path}.{key}", value)
+
+
+def _check_seed(key: str, value: Any) -> None:
+    """Seeds seed numpy's generators, which take integers >= 0."""
+    if value is not None and (not _is_kind(value, int) or value < 0):
+        raise ConfigError(f"{key}={value!r}: expected an integer >= 0 (a random seed)")
 
 
 def _target_nodes(value: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -70,9 +97,11 @@ def _check_node(path: str, node: dict[str, Any]) -> None:
             raise ConfigError(f"{path}.{name} has no value; give one, e.g. {path}.{name}=...")
     hints = _type_hints(target)
     for name, value in given.items():
-        kinds = _simple_kinds(hints.get(name))
-        if kinds and value is not None and not any(_is_kind(value, k) for k in kinds):
-            accepted = " or ".join(KIND_NAMES[k] for k in kinds)
+        kinds, nullable = _simple_kinds(hints.get(name))
+        if not kinds or (value is None and nullable):
+            continue
+        if value is None or not any(_is_kind(value, k) for k in kinds):
+            accepted = " or ".join(KIND_NAMES[k] for k in kinds) + (" or null" if nullable else "")
             raise ConfigError(f"{path}.{name}={value!r}: expected {accepted}")
 
 
@@ -84,18 +113,22 @@ def _type_hints(target: Any) -> dict[str, Any]:
         return {}
 
 
-def _simple_kinds(annotation: Any) -> tuple[type, ...]:
-    """int/float/bool/str when the annotation allows only those (and None); () when it allows
-    anything else, which is then not checked here."""
+def _simple_kinds(annotation: Any) -> tuple[tuple[type, ...], bool]:
+    """(the kinds a value may have: int, float, bool, str, list or dict; whether None is
+    allowed) when the annotation allows only those; ((), True) when it allows anything else
+    (a class, Any), which is then not checked here. Elements of lists and mappings are not
+    checked here either."""
     if annotation is None:
-        return ()
+        return (), True
     args = (
         typing.get_args(annotation)
         if typing.get_origin(annotation) in (typing.Union, types.UnionType)
         else (annotation,)
     )
-    kinds = tuple(a for a in args if a is not type(None))
-    return kinds if kinds and all(k in KIND_NAMES for k in kinds) else ()
+    kinds = tuple(CONTAINERS.get(typing.get_origin(a) or a, a) for a in args if a is not NONE)
+    if not kinds or not all(k in KIND_NAMES for k in kinds):
+        return (), True
+    return kinds, len(kinds) < len(args)
 
 
 def _is_kind(value: Any, kind: type) -> bool:
@@ -107,4 +140,6 @@ def _is_kind(value: Any, kind: type) -> bool:
         return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if kind is float:
         return isinstance(value, (int, float))
+    if kind in (list, dict):
+        return isinstance(value, kind)
     return isinstance(value, (str, int, float))  # a string: Hydra parses `123` as a number
