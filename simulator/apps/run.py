@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cost_models.base import StepCostModel
+from simulator.apps.overload import overload_warning
 from simulator.apps.prefill_profile import profile_prefill
 from simulator.core.seam import CounterPolicy, Policy
 from simulator.core.timeline import Timeline
@@ -113,6 +114,10 @@ def run_config(
             f"engine and will be refused ({counts})",
             file=sys.stderr,
         )
+    with phase("overload check"):
+        warning = overload_warning(trace, cost, engine, cluster.replicas if cluster else 1)
+    if warning:
+        print(warning, file=sys.stderr)
     with phase("simulate"):
         timeline = simulate(trace, policy, cost, engine, cluster, progress)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
