@@ -4,8 +4,9 @@ tokens) on 2 replicas of Llama-2-7B on A100-80GB, engine=vllm, round robin, per-
 Vidur needed about 70 s of wall time and 1.1 GB for the same requests without per-token output on
 this machine. Target (issue 7): wall <= 3.5 s and peak <= 300 MB. Wall time covers loading the
 trace, simulating and building the per-token table; peak is the process's maximum resident set.
-The same run with fast-forward off is timed too (`--compare`), with the ratio. Needs
-../shared/data/azure2023/conv_vidur_format.csv (or --path). Prints one JSON object last.
+The same run with fast-forward off is timed too (`--compare`), with the ratio. The trace ships
+with fairsim (data:azure2023/conv_vidur_format.csv; --path reads another). Prints one JSON object
+last.
 
 Usage: python bench/azure_conv_cluster.py [--path CSV] [--compare] [--dispatcher NAME]
 """
@@ -25,9 +26,10 @@ import numpy as np
 from cost_models import VidurProfileCost
 from policies import FCFS
 from simulator.engines import ClusterConfig, VLLMConfig, simulate
+from traces.files import resolve_path
 from traces.loaders import load_vidur
 
-DEFAULT = Path(__file__).resolve().parents[1].parent / "shared/data/azure2023/conv_vidur_format.csv"
+DEFAULT = resolve_path("data:azure2023/conv_vidur_format.csv")
 
 
 def run(

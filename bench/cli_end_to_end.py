@@ -9,7 +9,7 @@ and <= 500 MB for the whole process.
 
 The split comes from the CLI's own phase log (`hydra.verbose=fairsim.timing`): start-up (process
 start to the run starting: interpreter, imports, Hydra), then each phase of `run_config`. The
-azure workload needs ../shared/data (or --path). Prints one JSON object last.
+azure workload's trace ships with fairsim (--path reads another). Prints one JSON object last.
 
 Usage: python bench/cli_end_to_end.py [--workload azure|core] [--path CSV] [--keep DIR]
 """
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AZURE = ROOT.parent / "shared/data/azure2023/conv_vidur_format.csv"
 WORKLOADS = {
     "azure": [
         "engine=vllm",
@@ -56,14 +55,14 @@ PHASE = re.compile(r"phase (.+?) ([0-9.]+)(?: peak ([0-9.]+) MB)?$")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="azure")
-    ap.add_argument("--path", type=Path, default=AZURE, help="azure: the trace in Vidur's format")
+    ap.add_argument("--path", type=Path, help="azure: another trace in Vidur's format")
     ap.add_argument("--keep", type=Path, help="write the run folder here (default: a temp dir)")
     args = ap.parse_args()
     overrides = list(WORKLOADS[args.workload])
-    if args.workload == "azure":
+    if args.workload == "azure" and args.path is not None:
         if not args.path.exists():
             sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")
-        overrides.append(f"workload.path={args.path}")
+        overrides.append(f"workload.path={args.path.resolve()}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp) / "run"
         command = [

@@ -7,8 +7,8 @@ operators, interpolates linearly in the step's tokens (beyond the profiled range
 to the tokens, as compute-bound products scale), multiplies by the layer count and adds the
 embedding. What the profile lacks comes from the roofline (cost_models/roofline.py): attention,
 the output head and the all-reduce term of tensor parallelism. Profiles:
-`../shared/data/vidur_profiles/compute/<gpu>/<model>/mlp.csv` (Llama-2-7B on A100 and H100,
-Llama-3-8B on A100).
+`data:vidur_profiles/compute/<gpu>/<model>/mlp.csv`, shipped with fairsim (Llama-2-7B on A100
+and H100, Llama-3-8B on A100).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ PROFILE_DIRS = {
     "llama-2-7b": "Llama-2-7b-hf",
     "llama-3-8b": "Meta-Llama-3-8B",
 }
-DEFAULT_ROOT = "../shared/data/vidur_profiles/compute"
+DEFAULT_ROOT = "data:vidur_profiles/compute"  # shipped with fairsim
 
 
 @dataclass(frozen=True)

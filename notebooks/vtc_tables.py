@@ -16,9 +16,9 @@
 #
 # Every row of Tables 2-6 measured next to the paper's numbers (`fairsim-vtc-tables` prints the
 # same), the real 27-client trace under FCFS, VTC and RPM (RPM's throughput/fairness dilemma),
-# and weighted VTC's 1:2:3:4 service split. Tables 2-3 and Figs. 12-14 need
-# `../shared/data/vtc/real_trace.csv` and are skipped with a message without it. Full scale:
-# every row (`SCALE = "full"`, several minutes); CI: one row per table.
+# and weighted VTC's 1:2:3:4 service split. Tables 2-3 and Figs. 12-14 replay the artifact's real
+# trace, shipped with fairsim. Full scale: every row (`SCALE = "full"`, several minutes); CI: one
+# row per table.
 #
 # Full-scale command (needs the `notebooks` extra; do not commit the executed outputs):
 # `jupytext --to ipynb --execute notebooks/vtc_tables.py`
@@ -27,38 +27,23 @@
 SCALE = "full"
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
-import simulator
 from simulator.apps.run import compose_config, simulate_config
 from simulator.apps.vtc_tables import ROWS, measure
 from simulator.metrics import fairness
-
-# ../shared beside the project (or beside the working folder)
-candidates = [Path(simulator.__file__).resolve().parents[2], Path.cwd().parent]
-REAL_TRACE = next(
-    (c / "shared/data/vtc/real_trace.csv" for c in candidates if (c / "shared/data/vtc").is_dir()),
-    Path("../shared/data/vtc/real_trace.csv"),
-)
-HAVE_REAL = REAL_TRACE.exists()
-print("real trace:", REAL_TRACE if HAVE_REAL else "absent: Tables 2-3 and Figs. 12-14 skipped")
 
 # %% [markdown]
 # ## Tables 2-6: measured against published
 
 # %%
-rows = [r for r in ROWS if HAVE_REAL or "experiment=vtc_real" not in r.overrides]
+rows = list(ROWS)
 if SCALE == "ci":
     rows = [next(r for r in rows if r.table == t) for t in sorted({r.table for r in rows})]
 records = []
 for row in rows:
-    overrides = list(row.overrides)
-    if HAVE_REAL and "experiment=vtc_real" in overrides:
-        overrides.append(f"workload.path={REAL_TRACE}")
-    m = measure(type(row)(row.table, row.label, tuple(overrides), row.max_diff, row.avg_diff))
+    m = measure(row)
     records.append(
         {
             "table": row.table,
@@ -88,31 +73,29 @@ def run(*overrides: str):
     return tl.requests_frame(), tl.tokens_frame()
 
 
-if HAVE_REAL:
-    real = f"workload.path={REAL_TRACE}"
-    policies = {
-        "FCFS": ["policy=fcfs"],
-        "VTC": ["policy=vtc"],
-        "RPM(20)": ["policy=rpm", "policy.limit=20"],
-    }
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4), sharey=True)
-    for ax, (name, extra) in zip(axes, policies.items()):
-        requests, tokens = run("experiment=vtc_real", real, *extra)
-        ticks = fairness.paper_ticks()
-        rates = fairness.service_rates(fairness.served_intervals(requests, tokens), ticks)
-        rates.plot(ax=ax, legend=False, title=name, lw=0.8)
-        ax.set_xlabel("time (s)")
-    axes[0].set_ylabel("service rate (tokens/s)")
-    plt.show()
-    limits = (5, 20) if SCALE == "ci" else (5, 10, 15, 20, 30)
-    dilemma = []
-    for limit in limits:
-        requests, tokens = run("experiment=vtc_real", real, "policy=rpm", f"policy.limit={limit}")
-        s = fairness.fairness_summary(requests, tokens)
-        dilemma.append(
-            {"limit": limit, "tokens/s": s["throughput_tokens_per_s"], "max diff": s["max_diff"]}
-        )
-    print(pd.DataFrame(dilemma).round(1))
+policies = {
+    "FCFS": ["policy=fcfs"],
+    "VTC": ["policy=vtc"],
+    "RPM(20)": ["policy=rpm", "policy.limit=20"],
+}
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.4), sharey=True)
+for ax, (name, extra) in zip(axes, policies.items()):
+    requests, tokens = run("experiment=vtc_real", *extra)
+    ticks = fairness.paper_ticks()
+    rates = fairness.service_rates(fairness.served_intervals(requests, tokens), ticks)
+    rates.plot(ax=ax, legend=False, title=name, lw=0.8)
+    ax.set_xlabel("time (s)")
+axes[0].set_ylabel("service rate (tokens/s)")
+plt.show()
+limits = (5, 20) if SCALE == "ci" else (5, 10, 15, 20, 30)
+dilemma = []
+for limit in limits:
+    requests, tokens = run("experiment=vtc_real", "policy=rpm", f"policy.limit={limit}")
+    s = fairness.fairness_summary(requests, tokens)
+    dilemma.append(
+        {"limit": limit, "tokens/s": s["throughput_tokens_per_s"], "max diff": s["max_diff"]}
+    )
+print(pd.DataFrame(dilemma).round(1))
 
 # %% [markdown]
 # ## Weighted VTC (Fig. 16): four clients with weights 1:2:3:4

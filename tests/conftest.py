@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,8 @@ from traces import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+if SHARED_DATA.exists():  # data: paths of data fairsim does not ship resolve to ../shared/data
+    os.environ.setdefault("FAIRSIM_DATA_DIR", str(SHARED_DATA))
 
 
 def shared_file(relative: str) -> Path:

@@ -122,9 +122,17 @@ def test_real_trace_facts():
     assert round(tr.prompt_len.mean()) == 136 and round(tr.output_len.mean()) == 256
 
 
-def test_missing_real_trace_names_the_file_and_the_fix(tmp_path):
-    with pytest.raises(FileNotFoundError, match="real_trace.csv.*workload.path="):
+def test_missing_real_trace_names_the_file(tmp_path):
+    with pytest.raises(
+        TraceError, match=r"nope/real_trace.csv: workload 'vtc_real' trace not found"
+    ):
         VTCRealTrace(path=str(tmp_path / "nope" / "real_trace.csv")).build(0)
+
+
+def test_the_real_trace_ships_with_fairsim(monkeypatch):
+    monkeypatch.delenv("FAIRSIM_DATA_DIR", raising=False)  # no ../shared: the shipped copy
+    trace = VTCRealTrace().build(0)
+    assert trace.num_clients == 27
 
 
 def test_real_trace_with_a_missing_column_names_it(tmp_path):

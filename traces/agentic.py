@@ -1,4 +1,4 @@
-"""The agentic coding sessions (`../shared/data/agentic/claude_code_sessions_flat.csv`) as a trace.
+"""The agentic coding sessions (`data:agentic/claude_code_sessions_flat.csv`) as a trace.
 
 Each session (`trace_id`) is one user. Its agents are apps: the main agent is app "main", a
 sub-agent is app `subagent_type` (e.g. "Explore"). An agent's calls (`req_idx` 0, 1, ...) are cut

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,41 @@ LINE_INDEX = "line"  # read_table's index: the file line of each row (CSV, JSONL
 TABLE_FORMATS = ("csv", "parquet", "jsonl")
 SUFFIX_FORMAT = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl"}
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DATA_SCHEME = "data:"
+# the data fairsim ships (each folder with its LICENSE and NOTICE.md)
+SHIPPED_DATA = (PROJECT_ROOT / "traces" / "data", PROJECT_ROOT / "cost_models" / "data")
+
+
+def data_dirs() -> list[Path]:
+    """Where a `data:<dataset>/<file>` path is looked up, in order: FAIRSIM_DATA_DIR when set,
+    the data shipped with fairsim, and the download cache `fairsim-data get` fills."""
+    override = os.environ.get("FAIRSIM_DATA_DIR")
+    return [*([Path(override)] if override else []), *SHIPPED_DATA, data_cache()]
+
+
+def data_cache() -> Path:
+    """The user's download cache: $XDG_CACHE_HOME/fairsim/data (default ~/.cache/...)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fairsim" / "data"
 
 
 def resolve_path(path: str | Path, what: str = "trace file") -> Path:
-    """A relative path is looked up from the working directory, then from the project root, so
-    defaults such as ../shared/data/... work from a checkout with `shared` beside it."""
+    """`data:<dataset>/<file>` is looked up in `data_dirs()`; a relative path from the working
+    directory, then from the project root."""
+    text = str(path)
+    if text.startswith(DATA_SCHEME):
+        relative = text[len(DATA_SCHEME) :].lstrip("/")
+        for folder in data_dirs():
+            if (folder / relative).exists():
+                return folder / relative
+        from traces.datasets import datasets  # the manifest is read only when data is missing
+
+        name = relative.split("/", 1)[0]
+        get = f"`fairsim-data get {name}` downloads it, or set" if name in datasets() else "set"
+        raise TraceError(
+            f"{path}: {what} not installed; {get} FAIRSIM_DATA_DIR to a folder holding "
+            f"{relative} (or copy it to {data_cache() / relative})"
+        )
     p = Path(path)
     candidates = [p] if p.is_absolute() else [p, PROJECT_ROOT / p]
     for c in candidates:

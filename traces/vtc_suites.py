@@ -39,7 +39,7 @@ MODES = (
     "dist_shift",
 )
 DIST_SHIFT_PHASES = ((0.5, 2.0, 60.0), (1.0, 1.0, -1.0), (0.5, 1.5, -1.0))  # rate0, rate1, on_off
-REAL_TRACE = "../shared/data/vtc/real_trace.csv"
+REAL_TRACE = "data:vtc/real_trace.csv"  # shipped with fairsim
 
 
 @dataclass
@@ -191,22 +191,15 @@ class ArtifactSuite:
 class VTCRealTrace:
     """The stored trace the VTC artifact ran for its real-workload results (27 clients, 600 s).
 
-    A relative `path` is looked up from the working directory, then from the project root (the
-    folder holding `traces/`), so the default works from a checkout with `../shared` beside it.
+    The default is the copy shipped with fairsim (`data:vtc/real_trace.csv`); `path` may name
+    another file (columns req_id, arrival_s, client, prompt_len, output_len).
     """
 
     path: str = REAL_TRACE
     name: str = "vtc_real"
 
     def resolve(self) -> Path:
-        try:
-            return resolve_path(self.path)
-        except TraceError as err:
-            raise FileNotFoundError(
-                f"workload '{self.name}': {err}. It ships with the shared data as "
-                "data/vtc/real_trace.csv (columns req_id, arrival_s, client, prompt_len, "
-                "output_len); set workload.path=/path/to/real_trace.csv"
-            ) from None
+        return resolve_path(self.path, f"workload '{self.name}' trace")
 
     def build(self, seed: int) -> Trace:
         return load_vtc_real(self.resolve())
