@@ -153,3 +153,30 @@ def test_aggregate_skips_a_folder_with_a_summary_but_no_completion_mark(tmp_path
         write_run(timeline, folder, {"seed": 0}, complete=complete)
     table = aggregate(tmp_path).drop_duplicates("job").set_index("job")["status"]
     assert table.to_dict() == {"broken/seed=0": "running", "done/seed=0": "completed"}
+
+
+def test_sigterm_stops_a_sweep_and_every_running_job_marks_its_folder(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "policy=fcfs,vtc", "workload.duration=3000", "progress=false"]
+    args += ["compare_with=null", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal gives a command
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(sweep.glob("**/job.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)  # what a terminal's job control or a scheduler does
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "fairsim: interrupted (SIGTERM)"
+    marks = [json.loads(p.read_text()) for p in sweep.glob("**/job.json")]
+    assert len(marks) == 2 and all(m["status"] == "interrupted" for m in marks), marks

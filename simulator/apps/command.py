@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -163,6 +164,9 @@ def signals_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         raise Interrupted(signum)
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may handle signals
+        return
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield

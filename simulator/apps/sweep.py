@@ -25,7 +25,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from simulator.apps.command import Interrupted, RunFailed, input_error_message
+from simulator.apps.command import (
+    Interrupted,
+    RunFailed,
+    input_error_message,
+    signals_interrupt,
+)
 from simulator.apps.config_check import check_config
 from simulator.report.run_folder import (
     STATUS_FILE,
@@ -50,8 +55,9 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
         return
     mark_running(out_dir, digest)
     try:
-        check_config(cfg)
-        job()
+        with signals_interrupt():  # a sweep's worker process marks its job too
+            check_config(cfg)
+            job()
     except (KeyboardInterrupt, Interrupted) as err:
         name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
         mark_status(out_dir, "interrupted", config_digest=digest, signal=name)
