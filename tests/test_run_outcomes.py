@@ -43,6 +43,17 @@ def small_timeline():
     return simulate(random_trace(1, 100, 3, 300, 100, 5.0), FCFS(), a10g_cost(), SLoRAConfig())
 
 
+def start(args: list[str], cwd: Path, own_group: bool = False) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=own_group,
+    )
+
+
 def status(folder: Path) -> dict:
     return json.loads((folder / "job.json").read_text())
 
@@ -101,13 +112,7 @@ def test_a_signal_stops_the_run_with_one_line_and_marks_the_folder(tmp_path, sig
     run = tmp_path / "run"
     # about 6 s of simulation on this machine: long enough to be stopped in the middle
     args = ["workload.duration=3000", "progress=false", "compare_with=null", f"hydra.run.dir={run}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CLI, *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start(args, tmp_path)
     try:
         deadline = time.monotonic() + 60
         while not (run / "job.json").exists() and time.monotonic() < deadline:
@@ -159,14 +164,7 @@ def test_sigterm_stops_a_sweep_and_every_running_job_marks_its_folder(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "policy=fcfs,vtc", "workload.duration=3000", "progress=false"]
     args += ["compare_with=null", f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CLI, *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal gives a command
-    )
+    proc = start(args, tmp_path, own_group=True)  # a process group, as a terminal gives one
     try:
         deadline = time.monotonic() + 120
         while len(list(sweep.glob("**/job.json"))) < 2 and time.monotonic() < deadline:
