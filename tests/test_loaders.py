@@ -16,6 +16,7 @@ from conftest import shared_file
 from cost_models import LinearStepCost
 from policies.fcfs import FCFS
 from simulator.apps.run import unfit
+from simulator.apps.trace_stats import main
 from simulator.engines import SLoRAConfig, simulate
 from traces import (
     LengthsWorkload,
@@ -31,7 +32,7 @@ from traces import (
 from traces.loaders import load_lengths
 from traces.schema import TraceError
 from traces.servegen import load_servegen_pool
-from traces.stats import detect_format, main, trace_stats
+from traces.stats import detect_format, trace_stats
 
 
 def write(tmp_path, name, text):
@@ -352,7 +353,7 @@ def test_trace_stats_prints_json_and_saves_a_plot(tmp_path, capsys):
               + "".join(f"{i * 0.5},{10 + i},{1 + i % 3}\n" for i in range(40)))  # fmt: skip
     assert detect_format(p) == "vidur"
     png = tmp_path / "s.png"
-    assert main([str(p), "--plot", str(png)]) == 0
+    main([str(p), "--plot", str(png)])
     stats = json.loads(capsys.readouterr().out)
     assert stats["format"] == "vidur" and stats["rows"] == 40
     assert stats["duration_s"] == 19.5 and stats["rate_per_s"] == pytest.approx(2.0)
@@ -365,7 +366,9 @@ def test_trace_stats_prints_json_and_saves_a_plot(tmp_path, capsys):
 def test_trace_stats_bad_file_is_one_line_and_exit_2(tmp_path):
     p = write(tmp_path, "bad.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,x\n")
     run = subprocess.run(
-        [sys.executable, "-m", "traces.stats", str(p)], capture_output=True, text=True
+        [sys.executable, "-c", "from simulator.apps.trace_stats import main; main()", str(p)],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 2 and run.stdout == ""
     lines = run.stderr.strip().splitlines()

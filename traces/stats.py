@@ -1,4 +1,4 @@
-"""`fairsim-trace-stats PATH [--format NAME] [--plot FILE]`: what a trace file holds, as JSON.
+"""What a trace file holds, as JSON (behind `fairsim-trace-stats PATH [--format] [--plot FILE]`).
 
 The format is detected from the file (JSONL: mooncake; CSV header: azure, vidur, vtc_real, or
 Etalon's length-only `lengths`; a folder or .tar.gz: a ServeGen pool, summarised as the requests
@@ -8,9 +8,6 @@ it generates at `--rate` over `--duration`) or named with --format. A bad file e
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ from matplotlib.figure import Figure
 
 from traces.files import resolve_path
 from traces.loaders import LOADERS, load, load_lengths
-from traces.schema import Trace, TraceError
+from traces.schema import Trace
 from traces.servegen import ServeGenPool
 
 FORMATS = (*LOADERS, "lengths", "servegen")
@@ -108,44 +105,31 @@ def plot(trace: Trace | None, prompt: np.ndarray, output: np.ndarray, out: str |
     fig.savefig(out, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fairsim-trace-stats", description=__doc__.split("\n")[0])
-    ap.add_argument("path")
-    ap.add_argument("--format", choices=FORMATS, help="default: detected from the file")
-    ap.add_argument("--plot", metavar="PNG", help="save arrival rate and length histograms")
-    ap.add_argument("--sort", action="store_true", help="sort unsorted timestamps")
-    ap.add_argument("--rate", type=float, default=5.0, help="servegen: target requests/s")
-    ap.add_argument("--duration", type=float, default=3600.0, help="servegen: seconds")
-    args = ap.parse_args(argv)
-    try:
-        fmt = args.format or detect_format(args.path)
-        trace: Trace | None
-        if fmt == "lengths":
-            trace = None
-            prompt, output = load_lengths(args.path)
-            stats = lengths_stats(prompt, output, args.path)
+def describe(
+    path: str,
+    fmt: str | None = None,
+    plot_to: str | None = None,
+    sort: bool = False,
+    rate: float = 5.0,
+    duration: float = 3600.0,
+) -> dict[str, Any]:
+    """What `fairsim-trace-stats` prints: the statistics of a trace file (a format detected from
+    the file unless given), with a plot saved to `plot_to` when given."""
+    fmt = fmt or detect_format(path)
+    trace: Trace | None
+    if fmt == "lengths":
+        trace = None
+        prompt, output = load_lengths(path)
+        stats = lengths_stats(prompt, output, path)
+    else:
+        if fmt == "servegen":
+            trace = ServeGenPool(path, rate, duration).build(0)
         else:
-            if fmt == "servegen":
-                trace = ServeGenPool(args.path, args.rate, args.duration).build(0)
-            else:
-                options = {"sort": True} if args.sort else {}
-                trace = load(args.path, fmt, **options)
-            stats = trace_stats(trace)
-            prompt, output = trace.prompt_len, trace.output_len
-        stats = {"format": fmt, **stats}
-        if args.plot:
-            plot(trace, prompt, output, args.plot)
-            stats["plot"] = args.plot
-    except (TraceError, ValueError, OSError) as err:
-        print(f"fairsim-trace-stats: error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(stats))
-    return 0
-
-
-def cli() -> None:
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    cli()
+            trace = load(path, fmt, **({"sort": True} if sort else {}))
+        stats = trace_stats(trace)
+        prompt, output = trace.prompt_len, trace.output_len
+    stats = {"format": fmt, **stats}
+    if plot_to:
+        plot(trace, prompt, output, plot_to)
+        stats["plot"] = plot_to
+    return stats
