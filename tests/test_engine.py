@@ -51,6 +51,7 @@ engines = st.builds(
     running_max_req_size=st.sampled_from([1, 3, 1000]),
     reserve_per_client=st.sampled_from([0, 32]),
     horizon=st.sampled_from([None, None, 5.0]),
+    step_jitter_cv=st.sampled_from([0.0, 0.0, 0.3]),  # fast-forward draws stepping's factors
 )
 
 

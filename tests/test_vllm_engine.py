@@ -68,6 +68,7 @@ engines = st.builds(
     max_num_seqs=st.sampled_from([4, 256]),
     watermark=st.sampled_from([0.0, 0.05]),
     horizon=st.sampled_from([None, 3.0]),
+    step_jitter_cv=st.sampled_from([0.0, 0.0, 0.3]),  # fast-forward draws stepping's factors
 )
 policies = st.sampled_from([FCFS, VTC, lambda: VTC(victim="max_counter"), LCF])
 

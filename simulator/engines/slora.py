@@ -36,12 +36,14 @@ from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
 from simulator.core.timeline import DECODE, PREFILL, StepRecorder
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.fit import BatchFit, RunningFit
+from simulator.engines.jitter import step_jitter
 from simulator.engines.step_model import (
     Host,
     Plan,
     StepModel,
     check_horizon,
     check_integers,
+    check_jitter,
     settle,
 )
 from traces.schema import Trace
@@ -63,6 +65,8 @@ class SLoRAConfig:
     reserve_per_client: int = 0
     fast_forward: bool = True
     horizon: float | None = None
+    step_jitter_cv: float = 0.0  # multiplicative noise per step (simulator/engines/jitter.py)
+    step_jitter_seed: int = 0
 
     name = "slora"
 
@@ -72,6 +76,7 @@ class SLoRAConfig:
         if self.reserve_per_client >= self.pool_tokens:
             raise ConfigError("engine.reserve_per_client must be smaller than engine.pool_tokens")
         check_horizon(self.horizon)
+        check_jitter(self.step_jitter_cv, self.step_jitter_seed)
 
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): its peak KV need
@@ -157,6 +162,7 @@ class SLoRAReplica:
         self.running_clients: dict[int, int] = {}
         self.pool_tokens = cfg.pool_tokens
         self.steps = StepRecorder()
+        self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
         self.now = 0.0
         self.decodes = 0  # decode steps so far
         self.prefills = 0  # prefill steps so far
@@ -178,7 +184,10 @@ class SLoRAReplica:
             if batch:
                 rows = np.asarray(batch, dtype=np.int64)
                 prompts = self.prompt[rows]
-                end = self.now + self.cost.prefill_time(prompts)
+                dt = self.cost.prefill_time(prompts)
+                if self.jitter is not None:
+                    dt *= self.jitter.factor(len(self.steps))
+                end = self.now + dt
                 return PrefillPlan(self.now, [end], end, batch, rows, int(prompts.sum()))
         if not self.running.shape[0]:
             return None
@@ -321,14 +330,20 @@ class SLoRAReplica:
 
     def _step_ends(self, n: int, k: int) -> list[float]:
         """End times of the next `k` decode steps of `n` requests."""
+        jitter, first = self.jitter, len(self.steps)
         if k <= SHORT_RUN_STEPS:  # the common case: scalar arithmetic beats array set-up
             end, ends = self.now, []
             for j in range(1, k + 1):  # the same additions, in the same order, as the cumsum
-                end += self.cost.decode_time(n, self.kv + n * j)
+                dt = self.cost.decode_time(n, self.kv + n * j)
+                if jitter is not None:
+                    dt *= jitter.factor(first + j - 1)
+                end += dt
                 ends.append(end)
             return ends
         context = self.kv + n * np.arange(1, k + 1, dtype=np.int64)  # KV read per step
         times = self.cost.decode_times(n, context)
+        if jitter is not None:
+            times = times * jitter.factors(first, k)
         return np.cumsum(np.concatenate(([self.now], times)))[1:].tolist()
 
     def _apply_decode(self, plan: Plan) -> None:

@@ -45,6 +45,13 @@ def check_integers(config: object, minimum: int, *names: str) -> None:
             raise ConfigError(f"engine.{name} must be an integer >= {minimum}, got {v!r}")
 
 
+def check_jitter(cv: float, seed: int) -> None:
+    if not (np.isfinite(cv) and cv >= 0):
+        raise ConfigError(f"engine.step_jitter_cv must be a number >= 0, got {cv!r}")
+    if int(seed) != seed or seed < 0:
+        raise ConfigError(f"engine.step_jitter_seed must be an integer >= 0, got {seed!r}")
+
+
 def check_horizon(horizon: float | None) -> None:
     if horizon is not None and not (np.isfinite(horizon) and horizon > 0):
         raise ConfigError(f"engine.horizon must be null or a number > 0, got {horizon!r}")

@@ -35,6 +35,7 @@ from simulator.core.queue import WaitingQueue
 from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
 from simulator.core.timeline import DECODE, MIXED, PREFILL, StepRecorder
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
+from simulator.engines.jitter import step_jitter
 from simulator.engines.kv_blocks import BlockPool, block_keys
 from simulator.engines.step_model import (
     Host,
@@ -42,6 +43,7 @@ from simulator.engines.step_model import (
     StepModel,
     check_horizon,
     check_integers,
+    check_jitter,
     settle,
 )
 from traces.schema import Trace
@@ -66,6 +68,8 @@ class VLLMConfig:
     charge_recompute: bool = False
     fast_forward: bool = True
     horizon: float | None = None
+    step_jitter_cv: float = 0.0  # multiplicative noise per step (simulator/engines/jitter.py)
+    step_jitter_seed: int = 0
 
     name = "vllm"
 
@@ -81,6 +85,7 @@ class VLLMConfig:
         if not (0.0 <= self.watermark < 1.0):
             raise ConfigError(f"engine.watermark must be in [0, 1), got {self.watermark!r}")
         check_horizon(self.horizon)
+        check_jitter(self.step_jitter_cv, self.step_jitter_seed)
 
     def num_blocks(self, cost: StepCostModel) -> int:
         if self.pool_tokens is not None:
@@ -184,6 +189,7 @@ class VLLMReplica:
         self.running: list[int] = []
         self.now = 0.0
         self.steps = StepRecorder()
+        self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
         self.stalled: set[int] = set()  # decoding requests a step left out (token run ended)
@@ -388,6 +394,8 @@ class VLLMReplica:
         else:
             kind = DECODE
             dt = self.cost.decode_time(decodes, context)
+        if self.jitter is not None:
+            dt *= self.jitter.factor(len(self.steps))
         return StepPlan(now, [now + dt], now + dt, rows, new, kind, preempted)
 
     # ---- fast-forward ---------------------------------------------------------------------
@@ -427,16 +435,21 @@ class VLLMReplica:
         first attends to, n more each step); short runs stop timing steps once one ends at or
         after `cut` (nothing later can be taken). Short runs are timed step by step in floats,
         long ones as arrays; both add the same step times in the same order."""
-        cost = self.cost
+        cost, jitter, first = self.cost, self.jitter, len(self.steps)
         if k <= SHORT_RUN_STEPS:
             end, short = self.now, []
             for j in range(k):  # the same additions, in the same order, as the cumsum below
-                end += cost.decode_time(n, context + n * j)
+                dt = cost.decode_time(n, context + n * j)
+                if jitter is not None:
+                    dt *= jitter.factor(first + j)
+                end += dt
                 short.append(end)
                 if end >= cut:
                     break
             return np.array(short)
         ends = cost.decode_times(n, context + n * np.arange(k, dtype=np.int64))
+        if jitter is not None:
+            ends *= jitter.factors(first, k)
         ends[0] += self.now  # now + t0, then + t1, ...: the scalar loop's additions
         np.cumsum(ends, out=ends)
         return ends
