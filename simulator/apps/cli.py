@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from simulator.apps import sweep
 from simulator.apps.command import run_command
+from simulator.apps.replications import FILE, format_replications, run_replications
 from simulator.apps.run import run_config
 from simulator.report.console import (
     DEFAULT_ROWS,
@@ -26,6 +27,11 @@ def _main(cfg: DictConfig) -> None:
 
 
 def _run(cfg: DictConfig, out_dir: str) -> None:
+    if int(cfg.get("replications") or 1) > 1:
+        result = run_replications(cfg, out_dir)
+        print(format_replications(result))
+        print(f"run folders: {out_dir}/replication=<i>; statistics: {out_dir}/{FILE}")
+        return
     _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
     rows = cfg.get("console_rows", DEFAULT_ROWS)
     print(format_summary(outputs.summary, rows))

@@ -21,7 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from simulator.core.errors import ConfigError
 
 # top-level keys of conf/config.yaml with a fixed kind
-TOP_LEVEL_KINDS = {"seed": int, "progress": bool, "veeksha_metrics": bool}
+TOP_LEVEL_KINDS = {
+    "seed": int,
+    "progress": bool,
+    "veeksha_metrics": bool,
+    "replications": int,
+    "replicate_workload": bool,
+}
 KIND_NAMES = {
     int: "an integer",
     float: "a number",
@@ -50,6 +56,10 @@ def check_config(cfg: DictConfig) -> None:
         if key in plain and not _is_kind(plain[key], kind):
             raise ConfigError(f"{key}={plain[key]!r}: expected {KIND_NAMES[kind]}")
     _check_seed("seed", plain.get("seed"))
+    for key in ("replications", "replication_jobs", "console_rows"):
+        value = plain.get(key)
+        if value is not None and (not _is_kind(value, int) or value < 1):
+            raise ConfigError(f"{key}={value!r}: expected an integer >= 1 (or null)")
     for path, node in _target_nodes(plain, ""):
         _check_node(path, node)
         for key, value in node.items():

@@ -1,0 +1,70 @@
+"""Replications (simulator/apps/replications.py): each differs only in its jitter seed (and, if
+asked, its workload seed), the statistics are the textbook ones, a deterministic engine gives
+zero spread, and running them in parallel changes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from simulator.apps.replications import replication_config, spread
+from simulator.apps.run import compose_config
+from simulator.report.run_folder import load_run
+
+
+def test_a_replication_moves_only_the_jitter_seed_unless_the_workload_is_replicated():
+    base = compose_config(["engine.step_jitter_seed=5", "seed=3"])
+    rep = replication_config(base, 2)
+    assert rep.engine.step_jitter_seed == 7 and rep.seed == 3
+    assert rep.replications == 1 and rep.progress is False
+    varied = replication_config(compose_config(["seed=3", "replicate_workload=true"]), 2)
+    assert varied.seed == 5 and varied.engine.step_jitter_seed == 2
+
+
+def test_spread_is_the_t_interval_and_numpys_percentiles():
+    x = [3.0, 1.0, 4.0, 1.5, 5.0]
+    s = spread([*x, None, float("nan")])  # missing values are left out
+    assert s["n"] == 5 and s["mean"] == pytest.approx(np.mean(x))
+    assert s["std"] == pytest.approx(np.std(x, ddof=1))
+    low, high = stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=stats.sem(x))
+    assert s["ci95"] == pytest.approx([low, high])
+    assert [s["p5"], s["p50"], s["p95"]] == pytest.approx(np.percentile(x, [5, 50, 95]))
+    one = spread([2.0])
+    assert one["mean"] == 2.0 and np.isnan(one["std"]) and np.isnan(one["ci95"][0])
+
+
+def replicate(tmp_path, name, *overrides):
+    run = tmp_path / name
+    res = subprocess.run(
+        [sys.executable, "-c", "from simulator.apps.cli import main; main()", "replications=3",
+         "workload.duration=40", "compare_with=null", "veeksha_metrics=false", *overrides,
+         f"hydra.run.dir={run}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "95% CI of the mean" in res.stdout
+    return run, json.loads((run / "replications.json").read_text())
+
+
+def test_replications_write_their_folders_and_statistics_and_parallel_changes_nothing(tmp_path):
+    run, noisy = replicate(tmp_path, "noisy", "engine.step_jitter_cv=0.2", "replication_jobs=2")
+    _, serial = replicate(tmp_path, "serial", "engine.step_jitter_cv=0.2", "replication_jobs=1")
+    assert noisy["metrics"] == serial["metrics"]
+    thr = noisy["metrics"]["throughput_tokens_per_s"]
+    assert thr["n"] == 3 and thr["std"] > 0 and thr["ci95"][0] < thr["mean"] < thr["ci95"][1]
+    for i in range(3):
+        back = load_run(run / f"replication={i}")
+        assert back.summary["config"]["engine"]["step_jitter_seed"] == i
+        assert back.summary["throughput_tokens_per_s"] == thr["values"][i]
+
+
+def test_a_deterministic_engine_gives_identical_replications(tmp_path):
+    _, exact = replicate(tmp_path, "exact", "replication_jobs=1")
+    assert exact["step_jitter_cv"] == 0.0
+    assert all(len(set(m["values"])) == 1 for m in exact["metrics"].values() if m["n"] > 1)
+    assert exact["metrics"]["throughput_tokens_per_s"]["std"] == pytest.approx(0.0, abs=1e-9)
