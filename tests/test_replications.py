@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from simulator.apps.replications import replication_config, spread
+from simulator.apps.replications import interval_cell, replication_config, spread
 from simulator.apps.run import compose_config
 from simulator.report.run_folder import load_run
 
@@ -68,3 +68,26 @@ def test_a_deterministic_engine_gives_identical_replications(tmp_path):
     assert exact["step_jitter_cv"] == 0.0
     assert all(len(set(m["values"])) == 1 for m in exact["metrics"].values() if m["n"] > 1)
     assert exact["metrics"]["throughput_tokens_per_s"]["std"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_an_interval_cell_says_whether_the_papers_value_lies_within_p5_p95():
+    values = [10.0, 12.0, 11.0, 13.0, 9.0]
+    p5, p50, p95 = np.percentile(values, [5, 50, 95])
+    inside = interval_cell(values, 11.5)
+    assert inside.split()[-1] == "in" and f"{p50:.1f} [{p5:.1f}, {p95:.1f}]" in inside
+    assert interval_cell(values, 20.0).split()[-1] == "out"
+    assert interval_cell(values, None).split()[-1] == f"{p95:.1f}]"
+
+
+def test_vtc_tables_print_intervals_beside_the_paper(capsys):
+    from simulator.apps.vtc_tables import ROWS, main
+
+    main(["--table", "5", "--replications", "2"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("2 replications per row, step-time jitter CV 0.02")
+    rows = [line.split() for line in out[2:] if line.startswith("5 ")]
+    papers = [r for r in ROWS if r.table == "5"]
+    assert len(rows) == len(papers)
+    for words, row in zip(rows, papers, strict=True):
+        published = sum(v is not None for v in (row.max_diff, row.avg_diff, row.throughput))
+        assert words.count("in") + words.count("out") == published, words

@@ -6,6 +6,7 @@
 | 2 | an input error: the line names the key, file, row or field and what is accepted |
 | 3 | an internal error (a bug): the line says so; the traceback is in the run folder's job.json |
 | 130 / 143 | interrupted by SIGINT (Ctrl-C) / SIGTERM; the run folder is marked interrupted |
+| 141 | the output's reader went away (`... | head`) |
 
 `FAIRSIM_TRACEBACK=1` (or Hydra's `HYDRA_FULL_ERROR=1`) also prints the full traceback.
 """
@@ -119,6 +120,9 @@ def run_command(prog: str, entry: Callable[[], object]) -> None:
         signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
         print(f"{prog}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         sys.exit(128 + signum)
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     except (Exception, RunFailed) as err:
         _fail(prog, err, show_traceback)
 

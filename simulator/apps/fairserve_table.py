@@ -17,6 +17,7 @@ import argparse
 from collections.abc import Sequence
 
 from simulator.apps.command import run_command
+from simulator.apps.replications import PAPER_SUITE_JITTER_CV, interval_cell, jittered
 from simulator.apps.run import compose_config, simulate_config
 from simulator.metrics import interactions
 from simulator.metrics.latency import token_throughput
@@ -79,24 +80,53 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides for every row, e.g. workload.rate_scale=2"
     )
+    parser.add_argument(
+        "--replications",
+        type=int,
+        default=1,
+        help="N > 1: N runs per row with step-time jitter; prints median [p5, p95]",
+    )
     args = parser.parse_args(argv)
+    cells = [(e, p) for e in args.experiment or EXPERIMENTS for p in args.policy or POLICIES]
+    if args.replications > 1:
+        print_intervals(cells, args.replications, args.seed, args.overrides)
+        return
     head = (
         f"{'experiment':<23}{'policy':<17}{'thr calls':>10}{'paper':>7}{'thr inter':>10}"
         f"{'paper':>7}{'wasted':>8}{'paper':>8}"
         f"{'benign inter s':>15}{'p90':>7}{'benign TTFT':>12}{'tok/s':>8}"
     )
     print(head)
-    for experiment in args.experiment or EXPERIMENTS:
-        for policy in args.policy or POLICIES:
-            m = measure(experiment, policy, args.seed, args.overrides)
-            paper = PAPER.get((experiment, policy), {})
-            print(
-                f"{experiment:<23}{policy:<17}{m['throttled_requests']:>10}"
-                f"{_published(paper, 'throttled_requests', 7)}{m['throttled_interactions']:>10}"
-                f"{_published(paper, 'throttled_interactions', 7)}{m['wasted_tokens']:>8}"
-                f"{_published(paper, 'wasted_tokens', 8)}"
-                f"{m['benign_interaction_s']:>15.1f}{m['benign_interaction_p90_s']:>7.1f}"
-                f"{m['benign_ttft_s']:>12.2f}{m['tokens_per_s']:>8.0f}",
-                flush=True,
-            )
+    for experiment, policy in cells:
+        m = measure(experiment, policy, args.seed, args.overrides)
+        paper = PAPER.get((experiment, policy), {})
+        print(
+            f"{experiment:<23}{policy:<17}{m['throttled_requests']:>10}"
+            f"{_published(paper, 'throttled_requests', 7)}{m['throttled_interactions']:>10}"
+            f"{_published(paper, 'throttled_interactions', 7)}{m['wasted_tokens']:>8}"
+            f"{_published(paper, 'wasted_tokens', 8)}"
+            f"{m['benign_interaction_s']:>15.1f}{m['benign_interaction_p90_s']:>7.1f}"
+            f"{m['benign_ttft_s']:>12.2f}{m['tokens_per_s']:>8.0f}",
+            flush=True,
+        )
     print("paper: FairServe's published figures (its artifact run; blank: none published)")
+
+
+def print_intervals(
+    cells: list[tuple[str, str]], n: int, seed: int | None, extra: Sequence[str]
+) -> None:
+    """Each (experiment, policy) run n times with the paper-suite jitter (seeds 0 .. n-1):
+    median [p5, p95] of throttled calls and interactions and wasted tokens beside the paper's."""
+    print(f"{n} replications per row, step-time jitter CV {PAPER_SUITE_JITTER_CV:g}; "
+          "median [p5, p95]; in: the paper's value lies within [p5, p95]")  # fmt: skip
+    keys = ("throttled_requests", "throttled_interactions", "wasted_tokens")
+    print(
+        f"{'experiment':<23}{'policy':<17}" + "".join(f"{k:>28} {'paper':>8} {'':>3}" for k in keys)
+    )
+    for experiment, policy in cells:
+        runs = [measure(experiment, policy, seed, [*extra, *jittered(i)]) for i in range(n)]
+        paper = PAPER.get((experiment, policy), {})
+        cells_text = "".join(
+            interval_cell([float(m[k]) for m in runs], paper.get(k), digits=0) for k in keys
+        )
+        print(f"{experiment:<23}{policy:<17}{cells_text}", flush=True)

@@ -13,7 +13,9 @@ import argparse
 from dataclasses import dataclass
 
 from simulator.apps.command import run_command
+from simulator.apps.replications import PAPER_SUITE_JITTER_CV, interval_cell, jittered
 from simulator.apps.run import compose_config, simulate_config
+from simulator.core.errors import ConfigError
 from simulator.core.service import LinearService, ProfiledService
 from simulator.metrics.fairness import fairness_summary
 
@@ -123,9 +125,10 @@ ROWS = (
 )
 
 
-def measure(row: PaperRow) -> dict[str, object]:
-    """Run one row's configuration and score it as the paper did (revision form)."""
-    timeline = simulate_config(compose_config(row.overrides))
+def measure(row: PaperRow, extra: tuple[str, ...] = ()) -> dict[str, object]:
+    """Run one row's configuration (plus `extra` overrides) and score it as the paper did
+    (revision form)."""
+    timeline = simulate_config(compose_config([*row.overrides, *extra]))
     table_service = ProfiledService() if row.table in ("3", "4") else LinearService()
     return fairness_summary(timeline.requests_frame(), timeline.tokens_frame(), table_service)
 
@@ -143,19 +146,50 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="append", help="only these tables (2, 3, 4, 5, 6)")
+    parser.add_argument(
+        "--replications",
+        type=int,
+        default=1,
+        help="N > 1: N runs per row with step-time jitter; prints median [p5, p95]",
+    )
     args = parser.parse_args(argv)
+    rows = [row for row in ROWS if not args.table or row.table in args.table]
+    if args.replications > 1:
+        print_intervals(rows, args.replications)
+        return
     head = (
         f"{'table':<6}{'scheduler':<14}"
         + "".join(f"{name:>10} {'paper':>10} {'':>6}" for name in ("Max Diff", "Avg Diff", "tok/s"))
         + f"{'rejected':>9} {'paper':>6}"
     )
     print(head)
-    for row in ROWS:
-        if args.table and row.table not in args.table:
-            continue
+    for row in rows:
         m = measure(row)
         line = f"{row.table:<6}{row.label:<14}"
         line += _cell(m["max_diff"], row.max_diff) + _cell(m["avg_diff"], row.avg_diff)  # type: ignore[arg-type]
         line += _cell(m["throughput_tokens_per_s"], row.throughput, 0)  # type: ignore[arg-type]
         line += f"{m['rejected']:>9} {'' if row.rejected is None else row.rejected:>6}"
+        print(line, flush=True)
+
+
+def print_intervals(rows: list[PaperRow], n: int) -> None:
+    """Each row run n times with the paper-suite jitter (seeds 0 .. n-1): median [p5, p95] of
+    Max Diff, Avg Diff and throughput beside the paper's value, and whether it falls inside."""
+    if n < 2:
+        raise ConfigError(f"--replications must be >= 2 for intervals, got {n}")
+    print(f"{n} replications per row, step-time jitter CV {PAPER_SUITE_JITTER_CV:g}; "
+          "median [p5, p95]; in: the paper's value lies within [p5, p95]")  # fmt: skip
+    head = f"{'table':<6}{'scheduler':<14}" + "".join(
+        f"{name:>28} {'paper':>8} {'':>3}" for name in ("Max Diff", "Avg Diff", "tok/s")
+    )
+    print(head)
+    for row in rows:
+        runs = [measure(row, jittered(i)) for i in range(n)]
+        line = f"{row.table:<6}{row.label:<14}"
+        for key, paper in (
+            ("max_diff", row.max_diff),
+            ("avg_diff", row.avg_diff),
+            ("throughput_tokens_per_s", row.throughput),
+        ):
+            line += interval_cell([float(m[key]) for m in runs], paper)  # type: ignore[arg-type]
         print(line, flush=True)
