@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -189,6 +190,13 @@ def test_aggregate_makes_one_tidy_row_per_job_and_client(tmp_path):
     assert len(stored) == len(table) == len(pd.read_csv(tmp_path / "sweep.csv"))
     for name in ("sweep_metrics.png", "sweep_service.png", "sweep_fluidity.png"):
         assert (tmp_path / name).stat().st_size > 0
+    intervals = pd.read_csv(tmp_path / "sweep_intervals.csv")
+    assert len(intervals.setting.unique()) == 4 and (intervals.seeds == 2).all()
+    thr = intervals[intervals.metric == "throughput_tokens_per_s"].set_index("setting")
+    setting = job.rsplit("/seed=", 1)[0]
+    runs = done[(done.client == "all") & done.job.str.startswith(setting + "/")]
+    assert thr.loc[setting, "mean"] == pytest.approx(runs.throughput_tokens_per_s.mean())
+    assert (thr.ci_low <= thr["mean"] + 1e-9).all() and (thr["mean"] <= thr.ci_high + 1e-9).all()
 
 
 def test_aggregate_names_an_empty_folder(tmp_path):
@@ -214,3 +222,27 @@ def test_fluidity_without_veeksha_files_matches_them(tmp_path):
     with_files, recomputed = request_fluidity(folder), request_fluidity(bare)
     assert with_files is not None and recomputed is not None and len(with_files) > 10
     assert sorted(recomputed) == pytest.approx(sorted(with_files), abs=1e-12)
+
+
+def test_seed_intervals_are_bootstrap_intervals_of_the_mean():
+    from simulator.apps.aggregate import seed_intervals
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for setting, spread in (("calm", 1.0), ("noisy", 20.0)):
+        for seed, value in enumerate(100 + spread * rng.standard_normal(8)):
+            rows.append({"job": f"{setting}/seed={seed}", "policy": setting, "client": "all",
+                         "status": "completed", "thr": value})  # fmt: skip
+    rows.append({"job": "lone/seed=0", "policy": "lone", "client": "all", "status": "completed",
+                 "thr": 5.0})  # fmt: skip
+    table = pd.DataFrame(rows)
+    got = seed_intervals(table, ["thr"]).set_index("setting")
+    again = seed_intervals(table, ["thr"]).set_index("setting")
+    pd.testing.assert_frame_equal(got, again)  # a fixed random state: reproducible
+    for name in ("calm", "noisy"):
+        values = table[table.policy == name].thr
+        assert got.loc[name, "mean"] == pytest.approx(values.mean())
+        assert got.loc[name, "ci_low"] < values.mean() < got.loc[name, "ci_high"]
+    width = got.ci_high - got.ci_low
+    assert width["noisy"] > 10 * width["calm"], "the interval widens with the spread"
+    assert np.isnan(got.loc["lone", "ci_low"]) and got.loc["lone", "seeds"] == 1

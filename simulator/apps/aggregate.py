@@ -4,9 +4,11 @@ One row per job x client (plus the client "all"): the job's folder and status, i
 configuration (the config groups chosen, every override, the seed), the run's figures
 (throughput, fairness, throttling, KV use) and the client's (latency percentiles, service,
 fluidity). Failed and unfinished jobs keep one row with their error, so nothing is lost.
-Writes SWEEP_DIR/sweep.parquet and sweep.csv, and with plots: sweep_metrics.png (metrics
-against a load column, one line per policy, seed error bars), sweep_service.png (per-client
-service rate over time, one panel per policy) and sweep_fluidity.png (fluidity-index CDFs).
+Writes SWEEP_DIR/sweep.parquet and sweep.csv; sweep_intervals.csv (per setting, each plotted
+metric's mean over the seeds and its 95% bootstrap confidence interval); and with plots:
+sweep_metrics.png (metrics against a load column, one line per policy, the interval as a band),
+sweep_service.png (per-client service rate over time, one panel per policy) and
+sweep_fluidity.png (fluidity-index CDFs).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import pandas as pd
 import yaml
 from matplotlib.figure import Figure
+from scipy import stats
 
 from simulator.apps.command import run_command
 from simulator.apps.sweep import job_folders
@@ -156,20 +159,49 @@ def load_column(table: pd.DataFrame) -> str | None:
     return None
 
 
+def seed_intervals(table: pd.DataFrame, metrics: Sequence[str] = PLOTTED) -> pd.DataFrame:
+    """Per setting (a job's overrides without its seed), client "all": each metric's mean over
+    the seeds and the 95% bootstrap interval of that mean (scipy's `bootstrap`, BCa, 2,000
+    resamples, a fixed random state so the file is reproducible). With one seed the interval is
+    NaN; with identical values it is that value."""
+    done = table[(table.status == "completed") & (table.client == "all")]
+    rows = []
+    for setting, part in done.groupby(done.job.str.rsplit("/seed=", n=1).str[0], sort=True):
+        head = {"setting": setting, "policy": part.policy.iloc[0], "seeds": len(part)}
+        for metric in metrics:
+            values = pd.to_numeric(part[metric], errors="coerce").dropna().to_numpy(dtype=float)
+            low, high = _bootstrap_mean(values)
+            mean = float(values.mean()) if values.size else float("nan")
+            rows.append({**head, "metric": metric, "mean": mean, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows)
+
+
+def _bootstrap_mean(values: np.ndarray) -> tuple[float, float]:
+    if values.size < 2:
+        return float("nan"), float("nan")
+    if np.ptp(values) == 0:  # no spread: the bootstrap has nothing to resample
+        return float(values[0]), float(values[0])
+    res = stats.bootstrap((values,), np.mean, n_resamples=2000, random_state=0, method="BCa")
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
 def plot_metrics(table: pd.DataFrame, x: str, out: Path, metrics: Sequence[str] = PLOTTED) -> Path:
-    """Each metric (client "all") against `x`, one line per policy, mean and std over seeds."""
-    done = table[(table.status == "completed") & (table.client == "all")].copy()
-    done[x] = pd.to_numeric(done[x])
+    """Each metric (client "all") against `x`, one line per policy: the mean over seeds and its
+    95% bootstrap interval as a band."""
+    bands = seed_intervals(table, metrics)
+    done = table[(table.status == "completed") & (table.client == "all")]
+    settings = done.job.str.rsplit("/seed=", n=1).str[0]
+    bands["x"] = bands.setting.map(dict(zip(settings, pd.to_numeric(done[x]), strict=True)))
     fig = Figure(figsize=(4.2 * len(metrics), 3.4))
     axes = fig.subplots(1, len(metrics), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
-        for policy, part in done.groupby("policy", sort=True):
-            stats = part.groupby(x)[metric].agg(["mean", "std", "count"]).sort_index()
-            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3,
-                        marker="o", label=str(policy))  # fmt: skip
+        for policy, part in bands[bands.metric == metric].groupby("policy", sort=True):
+            part = part.sort_values("x")
+            (line,) = ax.plot(part.x, part["mean"], marker="o", label=str(policy))
+            ax.fill_between(part.x, part.ci_low, part.ci_high, color=line.get_color(), alpha=0.2)
         ax.set_xlabel(x)
         ax.set_title(metric)
-    axes[0][0].legend(title="policy (std over seeds)")
+    axes[0][0].legend(title="policy (mean, 95% CI over seeds)")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     return out
@@ -267,6 +299,10 @@ def _main(argv: list[str] | None) -> None:
     parquet, csv = write_aggregate(args.sweep_dir, table)
     counts = table.drop_duplicates("job")["status"].value_counts().to_dict()
     print(f"{len(table)} rows from {sum(counts.values())} jobs {counts}: {parquet}, {csv}")
+    if (table.status == "completed").any():
+        intervals = args.sweep_dir / "sweep_intervals.csv"
+        seed_intervals(table).to_csv(intervals, index=False)
+        print(f"means over seeds with 95% bootstrap intervals: {intervals}")
     if args.no_plots or not (table.status == "completed").any():
         return
     x = args.x or load_column(table)
