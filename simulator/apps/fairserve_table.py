@@ -118,7 +118,8 @@ def print_intervals(
     """Each (experiment, policy) run n times with the paper-suite jitter (seeds 0 .. n-1):
     median [p5, p95] of throttled calls and interactions and wasted tokens beside the paper's."""
     print(f"{n} replications per row, step-time jitter CV {PAPER_SUITE_JITTER_CV:g}; "
-          "median [p5, p95]; in: the paper's value lies within [p5, p95]")  # fmt: skip
+          "median [p5, p95]; the paper's value lies in [p5, p95], within 15% of the median, "
+          "or out")  # fmt: skip
     keys = ("throttled_requests", "throttled_interactions", "wasted_tokens")
     print(
         f"{'experiment':<23}{'policy':<17}" + "".join(f"{k:>28} {'paper':>8} {'':>3}" for k in keys)

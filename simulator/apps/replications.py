@@ -151,9 +151,13 @@ def jittered(i: int) -> tuple[str, ...]:
 
 
 def interval_cell(values: list[float], paper: float | None, digits: int = 1) -> str:
-    """`median [p5, p95]` of replications beside the paper's value and whether it lies in."""
+    """`median [p5, p95]` of replications beside the paper's value and how it compares: `in`
+    [p5, p95], else `15%` within 15% of the median, else `out`."""
     p5, p50, p95 = np.percentile(values, [5, 50, 95])
     cell = f"{p50:.{digits}f} [{p5:.{digits}f}, {p95:.{digits}f}]"
     if paper is None:
         return f"{cell:>28} {'':>8} {'':>3}"
-    return f"{cell:>28} {paper:>8.{digits}f} {'in' if p5 <= paper <= p95 else 'out':>3}"
+    verdict = (
+        "in" if p5 <= paper <= p95 else "15%" if abs(paper - p50) <= 0.15 * abs(p50) else "out"
+    )
+    return f"{cell:>28} {paper:>8.{digits}f} {verdict:>3}"
