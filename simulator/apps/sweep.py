@@ -53,9 +53,9 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
     if multirun and is_completed(out_dir, digest):
         print(f"{prog}: skipped, already completed: {out_dir}")
         return
-    mark_running(out_dir, digest)
     try:
         with signals_interrupt():  # a sweep's worker process marks its job too
+            mark_running(out_dir, digest)
             check_config(cfg)
             job()
     except (KeyboardInterrupt, Interrupted) as err:
