@@ -17,13 +17,16 @@ from simulator.apps.run import compose_config
 from simulator.report.run_folder import load_run
 
 
-def test_a_replication_moves_only_the_jitter_seed_unless_the_workload_is_replicated():
-    base = compose_config(["engine.step_jitter_seed=5", "seed=3"])
+def test_a_replication_moves_its_jitter_and_policy_streams_and_the_workload_only_if_asked():
+    base = compose_config(["policy=vtc_oracle", "engine.step_jitter_seed=5", "seed=3"])
     rep = replication_config(base, 2)
-    assert rep.engine.step_jitter_seed == 7 and rep.seed == 3
+    assert rep.engine.step_jitter_seed == 7 and rep.policy.seed == base.policy.seed + 2
+    assert rep.seed == 3 and rep.workload == base.workload
     assert rep.replications == 1 and rep.progress is False
     varied = replication_config(compose_config(["seed=3", "replicate_workload=true"]), 2)
     assert varied.seed == 5 and varied.engine.step_jitter_seed == 2
+    drawless = replication_config(compose_config(["policy=fcfs"]), 2)
+    assert "seed" not in drawless.policy  # a policy that draws nothing gets no seed
 
 
 def test_spread_is_the_t_interval_and_numpys_percentiles():

@@ -17,7 +17,7 @@ import argparse
 from collections.abc import Sequence
 
 from simulator.apps.command import run_command
-from simulator.apps.replications import PAPER_SUITE_JITTER_CV, interval_cell, jittered
+from simulator.apps.replications import PAPER_SUITE_JITTER_CV, interval_cell, paper_replication
 from simulator.apps.run import compose_config, simulate_config
 from simulator.metrics import interactions
 from simulator.metrics.latency import token_throughput
@@ -41,13 +41,21 @@ PAPER: dict[tuple[str, str], dict[str, float]] = {
 
 
 def measure(
-    experiment: str, policy: str, seed: int | None = None, extra: Sequence[str] = ()
+    experiment: str,
+    policy: str,
+    seed: int | None = None,
+    extra: Sequence[str] = (),
+    replication: int | None = None,
 ) -> dict[str, float]:
-    """One row of the table; `extra` are further Hydra overrides (e.g. workload.rate_scale=2)."""
+    """One row of the table; `extra` are further Hydra overrides (e.g. workload.rate_scale=2);
+    `replication` i runs it as paper-suite replication i (the suites' jitter, stream i)."""
     overrides = [f"experiment={experiment}", f"policy={policy}", *extra]
     if seed is not None:
         overrides.append(f"seed={seed}")
-    timeline = simulate_config(compose_config(overrides))
+    cfg = compose_config(overrides)
+    if replication is not None:
+        cfg = paper_replication(cfg, replication)
+    timeline = simulate_config(cfg)
     requests = timeline.requests_frame()
     throttled = interactions.throttling(requests)
     latency = interactions.interaction_latency(requests, users="!abuser")
@@ -125,7 +133,7 @@ def print_intervals(
         f"{'experiment':<23}{'policy':<17}" + "".join(f"{k:>28} {'paper':>8} {'':>3}" for k in keys)
     )
     for experiment, policy in cells:
-        runs = [measure(experiment, policy, seed, [*extra, *jittered(i)]) for i in range(n)]
+        runs = [measure(experiment, policy, seed, extra, i) for i in range(n)]
         paper = PAPER.get((experiment, policy), {})
         cells_text = "".join(
             interval_cell([float(m[k]) for m in runs], paper.get(k), digits=0) for k in keys

@@ -1,10 +1,12 @@
-"""Replications: one configuration run N times, differing only in the step-time jitter stream
-(`engine.step_jitter_seed` = its base + i), and, with `replicate_workload=true`, in the workload
-seed too (`seed` + i). Each replication writes its own run folder, `replication=<i>/`; the
-statistics of each run metric across them go to `replications.json`: mean, standard deviation,
-p5 / p50 / p95, and the 95% confidence interval of the mean (Student's t, N - 1 degrees of
-freedom). A deterministic engine (`step_jitter_cv=0`) and one workload give N identical runs, and
-the file says so with zero spread.
+"""Replications: one configuration run N times, differing only in their run-to-run random
+streams: the step-time jitter (`engine.step_jitter_seed` = its base + i) and the policy's own
+stream where it has one (`policy.seed` + i: VTC(±r)'s prediction errors); with
+`replicate_workload=true`, in the workload seed too (`seed` + i). Each replication writes its own
+run folder, `replication=<i>/`; the statistics of each run metric across them go to
+`replications.json`: mean, standard deviation, p5 / p50 / p95, and the 95% confidence interval of
+the mean (Student's t, N - 1 degrees of freedom). A deterministic engine (`step_jitter_cv=0`), a
+policy that draws nothing and one workload give N identical runs, and the file says so with zero
+spread.
 
 Replications run in `replication_jobs` processes at once (null: one per CPU, at most N); every
 replication is the same whatever ran beside it.
@@ -54,15 +56,33 @@ METRICS: dict[str, tuple[str, ...]] = {
 FILE = "replications.json"
 
 
-def replication_config(cfg: DictConfig, i: int) -> DictConfig:
-    """The i-th replication of `cfg`: its jitter seed (and, if asked, workload seed) moved by i."""
+def vary_streams(cfg: DictConfig, i: int, workload: bool = False) -> DictConfig:
+    """`cfg` with its run-to-run random streams moved by i: the step-time jitter seed and the
+    policy's own stream where it has one (VTC(±r)'s prediction errors); with `workload`, the
+    workload seed too."""
     rep = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(rep, dict)
     rep["engine"]["step_jitter_seed"] = int(rep["engine"].get("step_jitter_seed", 0)) + i
-    if rep.get("replicate_workload"):
+    if isinstance(rep.get("policy"), dict) and "seed" in rep["policy"]:
+        rep["policy"]["seed"] = int(rep["policy"]["seed"]) + i
+    if workload:
         rep["seed"] = int(rep["seed"]) + i
-    rep["replications"], rep["progress"] = 1, False
     return OmegaConf.create(rep)
+
+
+def replication_config(cfg: DictConfig, i: int) -> DictConfig:
+    """The i-th replication of `cfg`: its random streams (and, if asked, workload seed) moved by
+    i."""
+    rep = vary_streams(cfg, i, bool(cfg.get("replicate_workload")))
+    rep.replications, rep.progress = 1, False
+    return rep
+
+
+def paper_replication(cfg: DictConfig, i: int) -> DictConfig:
+    """Replication i of a paper-suite run: the suites' jitter, its streams moved by i."""
+    rep = vary_streams(cfg, i)
+    rep.engine.step_jitter_cv = PAPER_SUITE_JITTER_CV
+    return rep
 
 
 def _run_one(cfg: DictConfig, folder: str) -> dict[str, Any]:
@@ -145,19 +165,25 @@ def _num(x: Any) -> str:
     return "-" if x is None or x != x else f"{x:.4g}"
 
 
-def jittered(i: int) -> tuple[str, ...]:
-    """The overrides of replication i of a paper-suite run: the suites' jitter, seed i."""
-    return (f"engine.step_jitter_cv={PAPER_SUITE_JITTER_CV}", f"engine.step_jitter_seed={i}")
+def verdict(
+    values: list[float], published: float | tuple[float, float], decimals: int | None = None
+) -> str:
+    """How a published figure compares with replications: `in` [p5, p95], else `15%` within
+    15% of the median, else `out`. A range (low, high) is in when it overlaps [p5, p95]. With
+    `decimals`, the figure stands for every value that rounds to it (0.95 covers 0.952)."""
+    low, high = published if isinstance(published, tuple) else (published, published)
+    slack = 0.5 * 10.0**-decimals if decimals is not None else 0.0
+    p5, p50, p95 = np.percentile(values, [5, 50, 95])
+    if low - slack <= p95 and p5 <= high + slack:
+        return "in"
+    nearest = min(max(p50, low), high)
+    return "15%" if abs(nearest - p50) <= 0.15 * abs(p50) + slack else "out"
 
 
 def interval_cell(values: list[float], paper: float | None, digits: int = 1) -> str:
-    """`median [p5, p95]` of replications beside the paper's value and how it compares: `in`
-    [p5, p95], else `15%` within 15% of the median, else `out`."""
+    """`median [p5, p95]` of replications beside the paper's value and its `verdict`."""
     p5, p50, p95 = np.percentile(values, [5, 50, 95])
     cell = f"{p50:.{digits}f} [{p5:.{digits}f}, {p95:.{digits}f}]"
     if paper is None:
         return f"{cell:>28} {'':>8} {'':>3}"
-    verdict = (
-        "in" if p5 <= paper <= p95 else "15%" if abs(paper - p50) <= 0.15 * abs(p50) else "out"
-    )
-    return f"{cell:>28} {paper:>8.{digits}f} {verdict:>3}"
+    return f"{cell:>28} {paper:>8.{digits}f} {verdict(values, paper):>3}"

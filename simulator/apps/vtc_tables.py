@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 
 from simulator.apps.command import run_command
-from simulator.apps.replications import PAPER_SUITE_JITTER_CV, interval_cell, jittered
+from simulator.apps.replications import PAPER_SUITE_JITTER_CV, interval_cell, paper_replication
 from simulator.apps.run import compose_config, simulate_config
 from simulator.core.errors import ConfigError
 from simulator.core.service import LinearService, ProfiledService
@@ -128,12 +128,25 @@ ROWS = (
 )
 
 
-def measure(row: PaperRow, extra: tuple[str, ...] = ()) -> dict[str, object]:
-    """Run one row's configuration (plus `extra` overrides) and score it as the paper did
-    (revision form)."""
-    timeline = simulate_config(compose_config([*row.overrides, *extra]))
+def measure(
+    row: PaperRow, extra: tuple[str, ...] = (), replication: int | None = None
+) -> dict[str, object]:
+    """Run one row's configuration (plus `extra` overrides; as paper-suite replication i when
+    given) and score it as the paper did (revision form), with its time-to-first-token
+    statistics (served requests)."""
+    cfg = compose_config([*row.overrides, *extra])
+    if replication is not None:
+        cfg = paper_replication(cfg, replication)
+    timeline = simulate_config(cfg)
     table_service = ProfiledService() if row.table in ("3", "4") else LinearService()
-    return fairness_summary(timeline.requests_frame(), timeline.tokens_frame(), table_service)
+    requests = timeline.requests_frame()
+    ttft = (requests["first_token_at"] - requests["arrival"]).dropna()
+    return {
+        **fairness_summary(requests, timeline.tokens_frame(), table_service),
+        "ttft_mean_s": float(ttft.mean()),
+        "ttft_median_s": float(ttft.median()),
+        "ttft_p99_s": float(ttft.quantile(0.99)),
+    }
 
 
 def _cell(measured: float, paper: float | None, digits: int = 1) -> str:
@@ -190,7 +203,7 @@ def print_intervals(rows: list[PaperRow], n: int) -> None:
     # every replication of a row at once, one process per CPU (spawned: nothing shared)
     with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=get_context("spawn")) as pool:
         for row in rows:
-            runs = list(pool.map(measure, [row] * n, [jittered(i) for i in range(n)]))
+            runs = list(pool.map(measure, [row] * n, [()] * n, range(n)))
             print(_interval_line(row, runs), flush=True)
 
 

@@ -1,0 +1,104 @@
+"""The validation report (simulator/apps/validation.py, `fairsim-validation`): verdicts follow
+their stated rules, the report lists every published number with the verdict its own figures
+give, and the committed docs/validation.md covers every published number of Tables 2-6."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from simulator.apps import fairserve_table, validation, vtc_tables
+from simulator.apps.replications import verdict
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
+NUMBER = r"[-\d.,]+"
+ROW = re.compile(  # | figure | published | median [p5, p95] | verdict |
+    rf"^\| (?P<what>[^|]+) \| (?P<pub>[^|]+) \| (?P<med>{NUMBER}) "
+    rf"\[(?P<p5>{NUMBER}), (?P<p95>{NUMBER})\] \| (?P<verdict>in|15%|out) \|"
+)
+
+
+def test_a_figure_is_in_when_the_interval_holds_it_or_a_value_that_rounds_to_it():
+    values = [0.952] * 5
+    assert verdict(values, 0.95) == "15%"  # 0.95 itself is not in [0.952, 0.952] ...
+    assert verdict(values, 0.95, decimals=2) == "in"  # ... but 0.952 rounds to 0.95
+    assert verdict(values, 0.94, decimals=2) == "15%"
+    assert verdict([10.0, 11.0, 12.0], 11.5) == "in"
+
+
+def test_a_published_range_is_in_when_it_overlaps_and_judged_by_its_nearest_end():
+    assert verdict([20.0, 22.0, 24.0], (21.15, 25.0)) == "in"
+    assert verdict([18.0, 18.5, 19.0], (21.15, 25.0)) == "15%"  # 21.15 is 14% above 18.5
+    assert verdict([10.0, 10.5, 11.0], (21.15, 25.0)) == "out"
+    assert verdict([28.0, 28.0], (21.15, 25.0)) == "15%"  # 25 is within 15% of 28
+    assert verdict([30.0, 30.0], (21.15, 25.0)) == "out"  # 25 is 16.7% below 30
+
+
+def _rows(text: str) -> list[dict[str, str]]:
+    return [m.groupdict() for line in text.splitlines() if (m := ROW.match(line))]
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def test_the_report_states_every_figure_with_the_verdict_its_numbers_give(tmp_path, capsys):
+    out = tmp_path / "validation.md"
+    argv = ["--replications", "2", "--table", "5", "--section", "vtc-tables"]
+    validation.main([*argv, "--section", "etalon", "--out", str(out)])
+    text = out.read_text()
+    assert f"`fairsim-validation {' '.join(argv)}" in text
+    rows = _rows(text)
+    table5 = [r for r in vtc_tables.ROWS if r.table == "5"]
+    published = sum(
+        getattr(r, attr) is not None for r in table5 for _, _, attr, _ in validation.VTC_METRICS
+    )
+    assert sum(r["what"].startswith("Table 5 ·") for r in rows) == published
+    for r in rows:
+        if "to" in r["pub"]:
+            continue  # a published range
+        pub, p5, p95 = (_number(r[k]) for k in ("pub", "p5", "p95"))
+        # shown rounded to 2 decimals: in needs the figure within [p5, p95] give or take that
+        if r["verdict"] == "in":
+            assert p5 - 0.01 <= pub <= p95 + 0.01, r
+        else:
+            assert not p5 + 0.01 <= pub <= p95 - 0.01, r
+    etalon = {r["what"]: r["verdict"] for r in rows if "stall" in r["what"]}
+    assert etalon and set(etalon.values()) == {"in"}  # Etalon's example, exactly
+    summary = capsys.readouterr().out.splitlines()[0]
+    assert f"{len(rows)} published numbers" in summary
+
+
+def test_every_reason_names_a_published_figure():
+    rows = {(r.table, r.label): r for r in vtc_tables.ROWS}
+    attr = {key: attr for key, _, attr, _ in validation.VTC_METRICS}
+    for key in validation.REASONS:
+        kind, *rest = key.split("/")
+        if kind == "vtc":
+            table, label, metric = rest
+            row = rows[(table, label)]
+            if metric in attr:
+                assert getattr(row, attr[metric]) is not None, key
+            else:
+                assert table == "2" and metric in validation.VTC_RESPONSE[label], key
+        elif kind == "fairserve":
+            experiment, policy, metric = rest
+            assert metric in fairserve_table.PAPER.get((experiment, policy), {}), key
+        else:
+            assert kind in {"suites", "etalon"}, key
+
+
+def test_the_committed_report_lists_every_published_number_of_tables_2_to_6():
+    if not DOCS.exists():
+        pytest.fail("docs/validation.md is missing: run fairsim-validation")
+    rows = _rows(DOCS.read_text())
+    expected = sum(
+        getattr(r, attr) is not None
+        for r in vtc_tables.ROWS
+        for _, _, attr, _ in validation.VTC_METRICS
+    ) + sum(len(v) for v in validation.VTC_RESPONSE.values())
+    assert sum(r["what"].startswith("Table ") and "seed varied" not in r["what"]
+               for r in rows) == expected  # fmt: skip
+    assert "replications" in DOCS.read_text().split("\n\n")[1]
