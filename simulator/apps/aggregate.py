@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 import yaml
 from matplotlib.figure import Figure
-from scipy import stats
 
 from simulator.apps.command import run_command
 from simulator.apps.sweep import job_folders
@@ -181,6 +180,8 @@ def _bootstrap_mean(values: np.ndarray) -> tuple[float, float]:
         return float("nan"), float("nan")
     if np.ptp(values) == 0:  # no spread: the bootstrap has nothing to resample
         return float(values[0]), float(values[0])
+    from scipy import stats  # 0.5 s to import: only when aggregating
+
     res = stats.bootstrap((values,), np.mean, n_resamples=2000, random_state=0, method="BCa")
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 

@@ -26,9 +26,11 @@ from simulator.core.timeline import Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
+from simulator.metrics.latency import inter_token_gaps
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
+from simulator.report.background import in_background
 from simulator.report.run_folder import (
     RunOutputs,
     json_safe,
@@ -36,7 +38,7 @@ from simulator.report.run_folder import (
     write_run,
     write_summary,
 )
-from simulator.report.veeksha import write_veeksha_metrics
+from simulator.report.veeksha import write_distributions, write_veeksha_metrics
 from traces.schema import Trace
 
 
@@ -152,12 +154,24 @@ def add_qoe(
         curve = fit_prefill_curve(profile_prefill(cost, engine))
     r, t = outputs.requests, outputs.tokens
     flu = request_fluidity(r, t, qoe_cfg, curve)
-    outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve, flu))
-    if cfg.get("veeksha_metrics", True):
+    if not cfg.get("veeksha_metrics", True):
+        outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve, flu))
+        results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve, flu))
+        outputs.summary["slo_results"] = json_safe(results)
+        return
+    folder = Path(out_dir, "metrics")
+    folder.mkdir(parents=True, exist_ok=True)
+    values = request_values(r, t, qoe_cfg, curve, flu)
+    decode_gaps = inter_token_gaps(r, t)[1].drop_first()
+    # the histograms and the miss-rate curve (2 s of the Azure run) are drawn in a child
+    # process while this one writes the rest: qoe phase 3.5 s -> 2 s (bench/cli_end_to_end.py)
+    with in_background(write_distributions, folder, values, decode_gaps, qoe_cfg.exact):
+        outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve, flu, decode_gaps))
+        del decode_gaps
         workload = instantiate(cfg.workload, _convert_="all")
         rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
         results = write_veeksha_metrics(
-            Path(out_dir, "metrics"),
+            folder,
             r,
             t,
             outputs.steps,
@@ -167,9 +181,9 @@ def add_qoe(
             rate,
             fluid_token_rate=outputs.summary["qoe"]["fluid_token_rate"],
             fluidity_table=flu,
+            values=values,
+            distributions=False,
         )
-    else:
-        results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve, flu))
     outputs.summary["slo_results"] = json_safe(results)
 
 

@@ -104,13 +104,16 @@ def qoe_summary(
     cfg: QoEConfig,
     curve: PrefillCurve | None = None,
     fluidity: pd.DataFrame | None = None,
+    decode_gaps: etalon.Ragged | None = None,
 ) -> dict[str, Any]:
-    """The `qoe` block of summary.json (completed requests). `fluidity`: `request_fluidity`
-    of these tables, when the caller has it already."""
+    """The `qoe` block of summary.json (completed requests). `fluidity` (`request_fluidity`)
+    and `decode_gaps` (`inter_token_gaps`' gaps less each first): pass them if already made."""
     flu = request_fluidity(requests, tokens, cfg, curve) if fluidity is None else fluidity
-    facts, gaps = latency.inter_token_gaps(requests, tokens)
-    decode_gaps = gaps.drop_first()
-    del gaps  # one request-length copy of the gaps at a time (the fluid rate's peak memory)
+    if decode_gaps is None:
+        gaps = latency.inter_token_gaps(requests, tokens)[1]
+        decode_gaps = gaps.drop_first()
+        del gaps  # one request-length copy of the gaps at a time (the fluid rate's peak memory)
+    done_ids = requests.request_id[requests.status == "completed"]
     per_client = {
         str(c): {
             **_fluidity_stats(g.fluidity.to_numpy()),
@@ -120,7 +123,7 @@ def qoe_summary(
     }
     qoe = latency.andes_qoe(
         requests,
-        latency.tokens_of(tokens, facts.request_id),
+        latency.tokens_of(tokens, done_ids),
         cfg.expected_ttft,
         cfg.reading_speed,
     )

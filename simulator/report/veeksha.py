@@ -201,10 +201,13 @@ def write_veeksha_metrics(
     configured_rate: float | None = None,
     fluid_token_rate: float | None = None,
     fluidity_table: pd.DataFrame | None = None,
+    values: dict[str, np.ndarray] | None = None,
+    distributions: bool = True,
 ) -> dict[str, Any]:
     """Write every file; return slo_results (also written) for the caller's summary.
-    `fluid_token_rate` and `fluidity_table` (`request_fluidity`): pass the ones already computed
-    for summary.json."""
+    `fluid_token_rate`, `fluidity_table` (`request_fluidity`) and `values` (`request_values`):
+    pass the ones already computed. `distributions=False`: the caller writes
+    `write_distributions`' files (e.g. in a child process, meanwhile)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     columns, request_gaps = request_level_columns(requests, tokens, cfg, curve, fluidity_table)
@@ -222,11 +225,16 @@ def write_veeksha_metrics(
             "Observed Session Dispatch Rate": observed_rate(requests),
         },
     )
-    values = request_values(requests, tokens, cfg, curve, fluidity_table)
+    if values is None:
+        values = request_values(requests, tokens, cfg, curve, fluidity_table)
     tpot, tbc = values["tpot"], values["tbc"]
-    decode_gaps = latency.inter_token_gaps(requests, tokens)[1].drop_first()
-    if fluid_token_rate is None:
-        fluid_token_rate = fluidity.fluid_token_rate(decode_gaps, cfg.exact)
+    if fluid_token_rate is None or distributions:
+        decode_gaps = latency.inter_token_gaps(requests, tokens)[1].drop_first()
+        if fluid_token_rate is None:
+            fluid_token_rate = fluidity.fluid_token_rate(decode_gaps, cfg.exact)
+        if distributions:
+            write_distributions(out, values, decode_gaps, cfg.exact)
+        del decode_gaps
     _dump(
         out / "throughput_metrics.json",
         {
@@ -239,19 +247,6 @@ def write_veeksha_metrics(
         out / "prefill_stats.json",
         prefill_stats(columns["num_delta_prompt_tokens"], columns["ttfc"]),
     )
-    fluidity.miss_rate_at_tbt_targets(decode_gaps, exact=cfg.exact).to_csv(
-        out / "deadline_miss_rate_at_tbt_targets.csv", index=False
-    )
-    for name in DISTRIBUTION_METRICS:
-        v = values[name]
-        pd.DataFrame([_distribution_row(v)]).to_csv(out / f"{name}.csv", index=False)
-        fig = _figure()
-        ax = fig.subplots()
-        ax.hist(v[~np.isnan(v)], bins=50)
-        ax.set_xlabel(name + ("" if name == "fluidity" else " (s)"))
-        ax.set_ylabel("count")
-        fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=80)
     results = evaluate_slos(slos or [], values)
     _dump(out / "slo_results.json", results)
     checks = health_checks(requests, steps, configured_rate)
@@ -264,6 +259,26 @@ def write_veeksha_metrics(
         )
     )
     return results
+
+
+def write_distributions(
+    out: Path, values: dict[str, np.ndarray], decode_gaps: fluidity.Ragged, exact: bool
+) -> None:
+    """The deadline-miss curve and, per distribution metric, its statistics (CSV) and its
+    histogram (PNG)."""
+    fluidity.miss_rate_at_tbt_targets(decode_gaps, exact=exact).to_csv(
+        out / "deadline_miss_rate_at_tbt_targets.csv", index=False
+    )
+    for name in DISTRIBUTION_METRICS:
+        v = values[name]
+        pd.DataFrame([_distribution_row(v)]).to_csv(out / f"{name}.csv", index=False)
+        fig = _figure()
+        ax = fig.subplots()
+        ax.hist(v[~np.isnan(v)], bins=50)
+        ax.set_xlabel(name + ("" if name == "fluidity" else " (s)"))
+        ax.set_ylabel("count")
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=80)
 
 
 def _figure() -> Any:
