@@ -34,16 +34,15 @@ def test_the_childs_work_is_done_when_the_block_ends(tmp_path):
 
 
 def test_a_failing_child_is_an_error_in_the_parent():
-    with pytest.raises(RuntimeError, match="_fail failed in its child process"):
-        with in_background(_fail):
-            pass
+    failed = pytest.raises(RuntimeError, match="_fail failed in its child process")
+    with failed, in_background(_fail):
+        pass
 
 
 def test_a_failing_block_stops_the_child_at_once(tmp_path):
     target = tmp_path / "late.txt"
     start = time.monotonic()
-    with pytest.raises(KeyError):
-        with in_background(_sleep_then_write, target):
-            raise KeyError("the parent failed")
+    with pytest.raises(KeyError), in_background(_sleep_then_write, target):
+        raise KeyError("the parent failed")
     assert time.monotonic() - start < 10  # not the child's 30 s
     assert not target.exists()
