@@ -51,7 +51,7 @@ class TokenCharges:
         predicted: np.ndarray | None = None,
     ) -> None:
         self.trace, self.h, self.weight = trace, service, weights
-        self.prompt = trace.prompt_len.astype(np.float64)
+        self.prompt = trace.prompt_len  # a view: a live run fills rows as requests arrive
         self.predicted = predicted  # per request; None = no prediction
         self.generated = np.zeros(len(trace), dtype=np.int64)  # 0 until admitted
         self.prompt_done = np.zeros(len(trace))  # prompt tokens charged

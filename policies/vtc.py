@@ -144,7 +144,7 @@ class VTC(LeastServed):
         self.weight = client_weights(trace, self.weights)
         predicted = None
         if self.prediction == "oracle":
-            predicted = trace.output_len.astype(np.float64)
+            predicted = trace.output_len  # a view: a live run fills rows as requests arrive
             if self.predict_range:
                 rng = np.random.default_rng(self.seed)
                 r = self.predict_range

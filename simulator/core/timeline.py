@@ -40,6 +40,11 @@ class StepRecorder:
     def __len__(self) -> int:
         return len(self._ends)
 
+    @property
+    def ends(self) -> array:
+        """Every step's end so far, in order (read only: a live run reads token times here)."""
+        return self._ends
+
     def record(
         self,
         start: float,
@@ -99,6 +104,14 @@ class TokenRuns:
         if run is not None:
             index, replica, tick = run
             self._closed.append((req, index, generated - index, replica, tick))
+
+    def open_run(self, req: int) -> tuple[int, int, int] | None:
+        """(first index, replica, tick) of the run `req` is emitting now, if any."""
+        return self._open.get(req)
+
+    def closed_since(self, start: int) -> list[tuple[int, int, int, int, int]]:
+        """The runs closed after the first `start` (row, index, count, replica, tick)."""
+        return self._closed[start:]
 
     def close_all(self, generated: list[int]) -> None:
         for req in list(self._open):

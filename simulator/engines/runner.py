@@ -88,6 +88,7 @@ class Runner:
         self.policies = [policy] + [copy.deepcopy(policy) for _ in range(copies)]
         for p in self.policies:
             p.bind(trace)
+        self._cost = cost
         self._refusal = engine.refusals(trace, cost).tolist()
         self.successor = chains(trace)
         self.coupled = not self.dispatcher.static or (trace.chained and n > 1)
@@ -106,6 +107,7 @@ class Runner:
         self.env = simpy.Environment()
         self._wake: list[simpy.Event | None] = [None] * n  # set while a coupled replica idles
         self._held: list[Plan | None] = [None] * n  # a step ending at or after the frontier
+        self._stepping: list[float | None] = [None] * n  # coupled: the end of the step under way
         self._changed: simpy.Event | None = None  # coupled: a release or push to wait for
         self._frontier_moved = self.env.event()
         self._started = False
@@ -185,6 +187,19 @@ class Runner:
             self._pushed.add(req)
             self._release(req, t)
 
+    def fill_row(self, req: int, client: int, prompt_len: int, output_len: int) -> None:
+        """A live run learns row `req` of its trace only when that request arrives: write it
+        into the trace and the request state, and decide whether the engine can ever run it.
+        Push it next."""
+        trace, state = self.trace, self.state
+        trace.client[req], trace.prompt_len[req], trace.output_len[req] = (
+            client,
+            prompt_len,
+            output_len,
+        )
+        state.client_of[req], state.prompt[req], state.output[req] = client, prompt_len, output_len
+        self._refusal[req] = self.engine.refusals(trace.take(np.array([req])), self._cost)[0]
+
     # ---- endings ----------------------------------------------------------------------------
     def _end(self, req: int, now: float, status: int, reason: str) -> None:
         self.state.end(req, status, reason)
@@ -231,6 +246,15 @@ class Runner:
             raise ValueError(f"run_until: {t} s is before the frontier {self.frontier} s")
         self.frontier = t
         self._advance_env(t)
+
+    def next_event(self) -> float:
+        """Online use: the earliest simulated time at which a step may end or a known arrival
+        come (inf: nothing until something is pushed)."""
+        ends = [plan.end for plan in self._held if plan is not None]
+        ends += [t for t in self._stepping if t is not None]
+        # an arrival before the frontier waits only for the step under way to end
+        ends += [t for t in (feed.next_time() for feed in self._feeds) if t >= self.frontier]
+        return float(min(ends, default=np.inf))
 
     def close(self) -> Timeline:
         """No more arrivals will be pushed: run to completion (or the horizon)."""
@@ -342,7 +366,9 @@ class Runner:
                 self._wake[rep.index] = None
                 continue
             # simulated time reaches plan.end only once the frontier has passed it
+            self._stepping[rep.index] = plan.end
             yield env.timeout(max(0.0, plan.end - env.now))
+            self._stepping[rep.index] = None
             rep.apply(plan)  # now = plan.end
             yield env.timeout(0)  # every replica applies its step before any decides
 

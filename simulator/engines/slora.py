@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
 
@@ -162,6 +163,7 @@ class SLoRAReplica:
         self.running_clients: dict[int, int] = {}
         self.pool_tokens = cfg.pool_tokens
         self.steps = StepRecorder()
+        self.decode_ends = array("d")  # every decode step's end: token k >= 1 of a request
         self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
         self.now = 0.0
         self.decodes = 0  # decode steps so far
@@ -218,6 +220,17 @@ class SLoRAReplica:
         tokens = self.host.tokens
         tokens.add(rows, 0 * ones, ones, self.index, self.decodes + self.prefill_step[rows])
         tokens.add(rows, ones, generated - 1, self.index, fd)
+
+    def token_times(self, req: int, start: int) -> list[float]:
+        """Times of the tokens `req` has emitted so far, from index `start` on: the first at the
+        end of its prefill step, token k at the end of its k-th decode step."""
+        fd = int(self.first_decode[req])
+        if fd < 0:
+            return []
+        emitted = min(self.decodes - fd + 1, self._output[req])
+        times = [float(self.state.first_token_at[req])] if start == 0 < emitted else []
+        times.extend(self.decode_ends[fd + max(start, 1) - 1 : fd + emitted - 1])
+        return times
 
     def token_clock(self, steps: dict[str, np.ndarray]) -> np.ndarray:
         kind = steps["kind"]
@@ -368,6 +381,7 @@ class SLoRAReplica:
             self.policy.charge(OutputTokens(self.running, clients, np.array(ends[done:])))
         kv = range(self.kv + n, self.kv + n * k + 1, n)  # in use after each step
         self.steps.record(plan.start, ends, kv, DECODE, n, n)
+        self.decode_ends.extend(ends)
         self.decodes += k
         self.kv += n * k
         self._check_pool()

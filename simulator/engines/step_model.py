@@ -133,6 +133,11 @@ class StepModel(Protocol):
         runs and emitted counts the model kept to itself."""
         ...
 
+    def token_times(self, req: int, start: int) -> list[float]:
+        """Times of the output tokens `req` has emitted on this replica so far, from index
+        `start` on (a live run streams them as simulated time passes)."""
+        ...
+
     def token_clock(self, steps: dict[str, np.ndarray]) -> np.ndarray:
         """This replica's token clock (see simulator/core/timeline.py), from its step records."""
         ...

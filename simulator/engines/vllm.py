@@ -189,6 +189,9 @@ class VLLMReplica:
         self.running: list[int] = []
         self.now = 0.0
         self.steps = StepRecorder()
+        # live mode (token_times): closed token runs of this replica by row, read incrementally
+        self._closed_runs: dict[int, list[tuple[int, int, int]]] = {}
+        self._runs_seen = 0
         self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
@@ -223,6 +226,29 @@ class VLLMReplica:
         self.pool.check()  # private + cached + empty blocks add up to the pool
         for r in self.running:
             self.state.reason[r] = "running"
+
+    def token_times(self, req: int, start: int) -> list[float]:
+        """Times of the tokens `req` has emitted so far, from index `start` on: each run of
+        tokens takes one per step from the step it started in (a preemption or a skipped step
+        starts a new run)."""
+        emitted = self.state.generated[req]
+        if emitted <= start:
+            return []
+        ends, tokens = self.steps.ends, self.host.tokens
+        closed = tokens.closed_since(self._runs_seen)
+        self._runs_seen += len(closed)
+        for row, index, count, replica, tick in closed:
+            if replica == self.index:
+                self._closed_runs.setdefault(row, []).append((index, count, tick))
+        runs = list(self._closed_runs.get(req, ()))
+        now = tokens.open_run(req)
+        if now is not None:
+            runs.append((now[0], emitted - now[0], now[2]))
+        times: list[float] = []
+        for index, count, tick in runs:
+            lo, hi = max(start, index), min(emitted, index + count)
+            times.extend(ends[tick + lo - index : tick + hi - index])
+        return times
 
     def token_clock(self, steps: dict[str, np.ndarray]) -> np.ndarray:
         return steps["end"]

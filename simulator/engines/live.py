@@ -1,0 +1,159 @@
+"""A run whose requests arrive while it runs: the engine side of live mode.
+
+The runner knows every request's row before a run starts; a live run knows none. A
+`LiveSession` gives the runner a trace of `capacity` empty rows, fills row n when the n-th
+request arrives (`submit`: client, prompt and output lengths, arrival time) and pushes it.
+Simulated time moves only with `advance(t)`, which promises that every arrival before t has been
+submitted, so the timeline is exactly that of an offline run of the same arrivals
+(`arrivals()` gives them as a trace). `emitted()` reports, per request, the simulated times of
+the tokens it produced since the last call, and whether it has ended.
+
+Policies must not derive per-row data from the trace when they bind (FairServe and the
+interaction-aware RPM do: they are refused), since the rows are empty then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.base import StepCostModel
+from simulator.core.errors import ConfigError
+from simulator.core.requests import IN_FLIGHT, STATUSES
+from simulator.core.seam import Policy
+from simulator.core.timeline import Timeline
+from simulator.engines.dispatch import ClusterConfig
+from simulator.engines.runner import Runner
+from simulator.engines.step_model import EngineConfig
+from traces.schema import Trace
+
+# policies whose bind() reads nothing per row beyond views of the trace
+LIVE_POLICIES = ("fcfs", "rpm", "priority", "lcf", "vtc", "vtc_oracle", "vtc_predict", "drr")
+
+
+class CapacityError(RuntimeError):
+    """The session has taken as many requests as it was made for."""
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """What one request did since the last `LiveSession.emitted()` call."""
+
+    row: int
+    times: list[float]  # simulated times of its new tokens, in order
+    ended: bool  # completed (its last token is in `times` or was before), rejected or refused
+    status: str  # one of STATUSES
+    reason: str | None  # why it was rejected or refused
+
+
+class LiveSession:
+    def __init__(
+        self,
+        policy: Policy,
+        cost: StepCostModel,
+        engine: EngineConfig,
+        cluster: ClusterConfig | None = None,
+        clients: tuple[str, ...] = ("default",),
+        weights: tuple[float, ...] | None = None,
+        capacity: int = 100_000,
+    ) -> None:
+        if policy.name not in LIVE_POLICIES:
+            raise ConfigError(
+                f"policy {policy.name!r} is not supported in live mode; accepted: "
+                f"{', '.join(LIVE_POLICIES)}"
+            )
+        if capacity < 1:
+            raise ConfigError(f"capacity must be an integer >= 1, got {capacity}")
+        if engine.horizon is not None:
+            raise ConfigError("engine.horizon must be null in live mode (the clients end it)")
+        w = np.ones(len(clients)) if weights is None else np.asarray(weights, dtype=np.float64)
+        empty = Trace(
+            request_id=np.arange(capacity, dtype=np.int64),
+            client=np.zeros(capacity, dtype=np.int64),
+            arrival=np.full(capacity, np.inf),  # rows not yet arrived
+            prompt_len=np.ones(capacity, dtype=np.int64),
+            output_len=np.ones(capacity, dtype=np.int64),
+            client_names=tuple(clients),
+            client_weight=w,
+            source="<live>",
+        )
+        self.runner = Runner(empty, policy, cost, engine, cluster, pushed=True)
+        self.capacity, self.count = capacity, 0
+        self._sent: dict[int, int] = {}  # active row -> tokens reported
+
+    @property
+    def now(self) -> float:
+        """Every arrival before this simulated time has been submitted."""
+        return float(self.runner.frontier)
+
+    def submit(self, client: int, prompt_len: int, output_len: int, arrival: float) -> int:
+        """A request arrives at `arrival` (>= `now`); its row."""
+        if self.count >= self.capacity:
+            raise CapacityError(f"the live session is full ({self.capacity} requests)")
+        if not 0 <= client < len(self.runner.trace.client_names):
+            raise ValueError(f"client {client} is not one of the session's clients")
+        if prompt_len < 1 or output_len < 1:
+            raise ValueError("prompt_len and output_len must be >= 1")
+        if not arrival >= self.now:
+            raise ValueError(f"arrival {arrival} s is before the session's time {self.now} s")
+        row = self.count
+        self.runner.trace.arrival[row] = arrival
+        self.runner.fill_row(row, client, prompt_len, output_len)
+        self.runner.push([row], [arrival])
+        self.count += 1
+        self._sent[row] = 0
+        return row
+
+    def advance(self, t: float) -> None:
+        """Run the simulation up to `t`: no arrival before `t` remains to be submitted."""
+        self.runner.run_until(t)
+
+    def next_event(self) -> float:
+        """The earliest simulated time at which a step may end (inf: none until a request is
+        submitted): a caller can sleep until then unless a request arrives first."""
+        return self.runner.next_event()
+
+    def emitted(self) -> list[Emitted]:
+        """Per active request with news: the tokens it emitted since the last call."""
+        state, replicas = self.runner.state, self.runner.replicas
+        out: list[Emitted] = []
+        for row, sent in list(self._sent.items()):
+            status = int(state.status[row])
+            replica = int(state.replica[row])
+            times = replicas[replica].token_times(row, sent) if replica >= 0 else []
+            ended = status != IN_FLIGHT
+            if not times and not ended:
+                continue
+            if ended:
+                del self._sent[row]
+            else:
+                self._sent[row] = sent + len(times)
+            reason = state.reason[row] if ended and status else None
+            out.append(Emitted(row, times, ended, STATUSES[status], reason))
+        return out
+
+    def close(self) -> Timeline:
+        """No more requests: run every one to its end; the timeline of the requests that
+        arrived (rows 0 .. count - 1)."""
+        timeline = self.runner.close()
+        n = self.count
+        rows = np.arange(n)
+        return dataclasses.replace(
+            timeline,
+            trace=self.arrivals(),
+            arrival=timeline.arrival[:n],
+            status=timeline.status[:n],
+            reason=timeline.reason[:n],
+            admitted_at=timeline.admitted_at[:n],
+            first_token_at=timeline.first_token_at[:n],
+            finished_at=timeline.finished_at[:n],
+            generated=timeline.generated[:n],
+            request_columns={k: v[rows] for k, v in timeline.request_columns.items()},
+        )
+
+    def arrivals(self) -> Trace:
+        """The requests submitted so far as a trace: an offline run of it (same configuration)
+        gives this session's timeline."""
+        return self.runner.trace.take(np.arange(self.count))

@@ -1,0 +1,110 @@
+"""Live sessions (simulator/engines/live.py): requests submitted while the simulation runs give
+exactly the timeline of an offline run of the same arrivals (the digital-twin guarantee), the
+token times streamed as time advances are the timeline's, and bad use is refused clearly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hydra.utils import instantiate
+
+from policies import FCFS, VTC
+from simulator.apps.run import compose_config
+from simulator.core.errors import ConfigError
+from simulator.engines import SLoRAConfig, VLLMConfig, simulate
+from simulator.engines.live import CapacityError, LiveSession
+
+COST = instantiate(compose_config().cost_model)  # the default: Llama-7B on an A10G
+CLIENTS = ("alice", "bob", "carol")
+
+
+def arrivals(seed: int, n: int) -> list[tuple[float, int, int, int]]:
+    """(time, client, prompt, output): bursts of three clients, some sharing an instant."""
+    rng = np.random.default_rng(seed)
+    times = np.sort(np.round(rng.exponential(0.08, n).cumsum(), 2))
+    return [
+        (float(t), int(rng.integers(3)), int(rng.integers(8, 400)), int(rng.integers(1, 120)))
+        for t in times
+    ]
+
+
+def run_live(session: LiveSession, requests, seed: int) -> dict[int, list[float]]:
+    """Submit each request at its time, advancing in between by random amounts; collect what
+    is streamed."""
+    rng = np.random.default_rng(seed + 1)
+    streamed: dict[int, list[float]] = {}
+    for t, client, prompt, output in requests:
+        while session.now < t:  # advance in random slices, never past the next arrival
+            session.advance(min(t, session.now + float(rng.uniform(0.0, 0.3))))
+            for e in session.emitted():
+                assert all(x < session.now for x in e.times)  # nothing from the future
+                streamed.setdefault(e.row, []).extend(e.times)
+        session.submit(client, prompt, output, t)
+    horizon = max(session.next_event(), session.now)
+    while horizon < np.inf:
+        session.advance(horizon + 1e-9)
+        for e in session.emitted():
+            streamed.setdefault(e.row, []).extend(e.times)
+        horizon = session.next_event()
+    return streamed
+
+
+@pytest.mark.parametrize("engine", [SLoRAConfig(pool_tokens=6000), VLLMConfig(pool_tokens=6000)])
+@pytest.mark.parametrize("policy", [FCFS, VTC])
+def test_a_live_run_is_the_offline_run_of_its_arrivals(engine, policy):
+    requests = arrivals(7, 150)
+    session = LiveSession(policy(), COST, engine, clients=CLIENTS, capacity=400)
+    streamed = run_live(session, requests, 7)
+    live = session.close()
+    offline = simulate(session.arrivals(), policy(), COST, engine)
+    assert live.status.tolist() == offline.status.tolist()
+    for a, b in zip(live.token_times(), offline.token_times(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(live.finished_at, offline.finished_at)
+    # what was streamed, token by token, is the timeline
+    rows, index, times = live.token_times()
+    for row in range(len(requests)):
+        assert streamed.get(row, []) == times[rows == row].tolist()
+    assert (live.status == 0).all() and len(streamed) == len(requests)
+
+
+def test_preemptions_and_skipped_steps_stream_every_token_once():
+    """A small vLLM pool preempts: token runs restart; each token is streamed exactly once."""
+    requests = arrivals(3, 120)
+    engine = VLLMConfig(pool_tokens=1200, block_size=16)
+    session = LiveSession(FCFS(), COST, engine, clients=CLIENTS, capacity=200)
+    streamed = run_live(session, requests, 3)
+    live = session.close()
+    assert int(live.request_columns["preemptions"].sum()) > 0
+    rows, index, times = live.token_times()
+    for row in range(len(requests)):
+        assert streamed.get(row, []) == times[rows == row].tolist()
+
+
+def test_a_request_no_engine_can_run_is_refused_at_once():
+    session = LiveSession(FCFS(), COST, SLoRAConfig(pool_tokens=500), clients=CLIENTS)
+    row = session.submit(0, 800, 10, 0.0)
+    session.advance(0.001)
+    (news,) = session.emitted()
+    assert (news.row, news.ended, news.status, news.times) == (row, True, "refused", [])
+    assert news.reason == "kv_pool_too_small"
+
+
+def test_bad_use_is_refused_clearly():
+    from policies.fairserve import FairServe
+
+    with pytest.raises(ConfigError, match="not supported in live mode"):
+        LiveSession(FairServe(), COST, SLoRAConfig())
+    with pytest.raises(ConfigError, match="horizon"):
+        LiveSession(FCFS(), COST, SLoRAConfig(horizon=10.0))
+    session = LiveSession(FCFS(), COST, SLoRAConfig(), capacity=1)
+    session.submit(0, 10, 10, 0.0)
+    with pytest.raises(CapacityError, match="full"):
+        session.submit(0, 10, 10, 0.0)
+    later = LiveSession(FCFS(), COST, SLoRAConfig())
+    later.advance(2.0)
+    with pytest.raises(ValueError, match="before the session's time"):
+        later.submit(0, 5, 5, 0.5)
+    with pytest.raises(ValueError, match="client 3"):
+        later.submit(3, 5, 5, 2.0)
+    assert later.count == 0  # nothing half-submitted
