@@ -1,0 +1,555 @@
+"""The OpenAI-compatible HTTP side of `fairsim-serve`: every token is sent when the simulated
+engine produces it.
+
+`LiveEngine` couples a `LiveSession` to the wall clock: simulated time is (wall time since
+start) x `time_scale`. A request is submitted at the simulated instant it arrives; a driver task
+advances the simulation to the present whenever a step is due or a request arrives, and hands
+each request's new tokens to its handler, which writes them at once (and records when, so the
+lag between a token's simulated time and its write is measurable). HTTP and Server-Sent Events
+framing come from aiohttp and aiohttp-sse; metrics from prometheus-client.
+
+Lengths: a prompt given as token ids counts them; text counts ceil(characters /
+`chars_per_token`) (4 by default, a common estimate for English), plus 4 per chat message. The
+output is `max_tokens` tokens (as with `ignore_eos`), at least `min_tokens`: deterministic filler
+words, one token per chunk, with exact usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from simulator.core.seam import CounterPolicy
+from simulator.engines.live import CapacityError, LiveSession
+
+FILLER = (  # the output text: one word per token, cycling
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "simulated",
+    "engines", "stream", "tokens",
+)  # fmt: skip
+UNSUPPORTED = {  # OpenAI parameters fairsim does not model: a 400 names them
+    "logprobs": "logprobs",
+    "top_logprobs": "logprobs",
+    "echo": "echo",
+    "suffix": "suffix",
+    "tools": "tool calls",
+    "tool_choice": "tool calls",
+    "functions": "function calls",
+    "function_call": "function calls",
+    "response_format": "structured output",
+}
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class RequestError(Exception):
+    """An answer other than 200, in OpenAI's error format."""
+
+    def __init__(
+        self, status: int, message: str, kind: str, param: str | None = None, **headers: str
+    ) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param, self.headers = status, kind, param, headers
+
+    def response(self) -> web.Response:
+        body = {
+            "error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}
+        }
+        return web.json_response(body, status=self.status, headers=self.headers)
+
+
+@dataclass
+class Stream:
+    """One request's tokens on their way to its client."""
+
+    row: int
+    client: str
+    prompt_tokens: int
+    max_tokens: int
+    events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
+    sim_times: list[float] = field(default_factory=list)
+    written_at: list[float] = field(default_factory=list)  # simulated-clock time of each write
+    outcome: str = "in_flight"
+
+
+class SimClock:
+    """Simulated time = seconds of wall time since start x time_scale."""
+
+    def __init__(self, time_scale: float) -> None:
+        self.scale, self.start = time_scale, time.monotonic()
+
+    def now(self) -> float:
+        return (time.monotonic() - self.start) * self.scale
+
+    def seconds_until(self, t: float) -> float:
+        return (t - self.now()) / self.scale
+
+
+class LiveEngine:
+    """A LiveSession driven by the wall clock, shared by every handler of one server."""
+
+    def __init__(
+        self,
+        session: LiveSession,
+        time_scale: float,
+        clients: dict[str, int],
+        free_slots: list[int],
+    ) -> None:
+        self.session, self.clock = session, SimClock(time_scale)
+        self.clients, self.free_slots = clients, free_slots  # client name -> slot of the session
+        self.streams: dict[int, Stream] = {}
+        self.finished: list[Stream] = []
+        self.wake = asyncio.Event()
+        self.stopped = False
+
+    def slot(self, client: str) -> int:
+        if client not in self.clients:
+            if not self.free_slots:
+                raise RequestError(
+                    429,
+                    f"too many distinct clients (serve.max_clients); {client!r} has none",
+                    "rate_limit_error",
+                    **{"Retry-After": "1"},
+                )
+            self.clients[client] = self.free_slots.pop(0)
+        return self.clients[client]
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in {id(q): q for q in self.session.runner.queues}.values())
+
+    def submit(self, client: str, prompt_tokens: int, max_tokens: int) -> Stream:
+        session = self.session
+        now = max(self.clock.now(), session.now)
+        try:
+            row = session.submit(self.slot(client), prompt_tokens, max_tokens, now)
+        except CapacityError as err:
+            raise RequestError(503, str(err), "server_error") from err
+        stream = Stream(row, client, prompt_tokens, max_tokens)
+        self.streams[row] = stream
+        self.wake.set()
+        return stream
+
+    async def drive(self) -> None:
+        """Advance the simulation to the present whenever a step ends or a request arrives,
+        and hand out the tokens produced."""
+        session = self.session
+        while not self.stopped:
+            now = self.clock.now()
+            if now > session.now:
+                session.advance(now)
+            for news in session.emitted():
+                stream = self.streams[news.row]
+                for t in news.times:
+                    stream.events.put_nowait(("token", t))
+                if news.ended:
+                    stream.events.put_nowait(("end", news.status, news.reason))
+                    del self.streams[news.row]
+            due = session.next_event()
+            self.wake.clear()
+            timeout = None if due == math.inf else max(0.0, self.clock.seconds_until(due))
+            with contextlib.suppress(TimeoutError):  # a step is due
+                await asyncio.wait_for(self.wake.wait(), timeout)
+
+
+# ---- the HTTP handlers -------------------------------------------------------------------
+
+
+@dataclass
+class ServerSettings:
+    model: str
+    max_waiting: int
+    api_keys: dict[str, str]
+    chars_per_token: float
+    default_max_tokens: int
+
+
+def _client(request: web.Request, body: dict[str, Any], settings: ServerSettings) -> str:
+    """X-Client-Id, else the API key's client (401 for an unknown key when keys are set), else
+    the `user` field, else `default`."""
+    header = request.headers.get("X-Client-Id")
+    if header:
+        return header
+    if settings.api_keys:
+        auth = request.headers.get("Authorization", "")
+        key = auth.removeprefix("Bearer ").strip()
+        if key not in settings.api_keys:
+            raise RequestError(401, "unknown API key", "invalid_request_error")
+        return settings.api_keys[key]
+    user = body.get("user")
+    return str(user) if user else "default"
+
+
+def _prompt_tokens(body: dict[str, Any], chat: bool, chars_per_token: float) -> int:
+    def text_tokens(text: str) -> int:
+        return math.ceil(len(text) / chars_per_token)
+
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(
+                400, "messages must be a non-empty list", "invalid_request_error", "messages"
+            )
+        total = 0
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):  # content parts: their text
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            total += 4 + text_tokens(str(content or ""))
+        return total
+    ids = body.get("prompt_token_ids")
+    prompt = body.get("prompt", ids)
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        return len(prompt)
+    if isinstance(prompt, str):
+        return max(1, text_tokens(prompt))
+    raise RequestError(
+        400,
+        "prompt must be a string or a list of token ids (one prompt)",
+        "invalid_request_error",
+        "prompt",
+    )
+
+
+def _max_tokens(body: dict[str, Any], chat: bool, default: int) -> int:
+    value = body.get("max_completion_tokens") if chat else None
+    if value is None:
+        value = body.get("max_tokens", default if chat else 16)
+    minimum = body.get("min_tokens", 0) or 0
+    for name, v in (("max_tokens", value), ("min_tokens", minimum)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name == "max_tokens" else 0):
+            raise RequestError(
+                400, f"{name} must be a positive integer", "invalid_request_error", name
+            )
+    if minimum > value:
+        raise RequestError(
+            400, "min_tokens must be <= max_tokens", "invalid_request_error", "min_tokens"
+        )
+    return int(value)
+
+
+def _check_supported(body: dict[str, Any]) -> None:
+    for key, what in UNSUPPORTED.items():
+        if body.get(key) not in (None, False, [], 0) or (key == "logprobs" and body.get(key)):
+            raise RequestError(
+                400,
+                f"{key}: {what} are not supported by fairsim-serve",
+                "invalid_request_error",
+                key,
+            )
+    for key in ("n", "best_of"):
+        if body.get(key, 1) != 1:
+            raise RequestError(
+                400,
+                f"{key} must be 1 (fairsim-serve returns one choice)",
+                "invalid_request_error",
+                key,
+            )
+
+
+def _chunk(
+    kind: str,
+    rid: str,
+    model: str,
+    created: int,
+    text: str | None,
+    finish: str | None,
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    if kind == "chat":
+        delta = {} if text is None else {"content": text}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    out = {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [] if usage is not None else [choice],
+    }
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+async def _first_event(stream: Stream) -> tuple[Any, ...]:
+    first = await stream.events.get()
+    if first[0] == "end" and first[1] != "completed":
+        stream.outcome = first[1]
+        if first[1] == "rejected":
+            raise RequestError(
+                429,
+                f"rejected by the scheduling policy: {first[2]}",
+                "rate_limit_error",
+                **{"Retry-After": "1"},
+            )
+        raise RequestError(
+            400, f"the engine can never serve this request: {first[2]}", "invalid_request_error"
+        )
+    return first
+
+
+def make_app(
+    engine: LiveEngine,
+    settings: ServerSettings,
+    registry: CollectorRegistry,
+    metrics: ServerMetrics,
+) -> web.Application:
+    async def generate(request: web.Request, kind: str) -> web.StreamResponse:
+        try:
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise RequestError(400, "the body is not JSON", "invalid_request_error") from None
+            if not isinstance(body, dict):
+                raise RequestError(400, "the body must be a JSON object", "invalid_request_error")
+            _check_supported(body)
+            chat = kind == "chat"
+            client = _client(request, body, settings)
+            prompt = _prompt_tokens(body, chat, settings.chars_per_token)
+            max_tokens = _max_tokens(body, chat, settings.default_max_tokens)
+            if engine.waiting() >= settings.max_waiting:
+                raise RequestError(
+                    429,
+                    "the waiting queue is full (serve.max_waiting)",
+                    "rate_limit_error",
+                    **{"Retry-After": "1"},
+                )
+            stream = engine.submit(client, prompt, max_tokens)
+            first = await _first_event(stream)
+        except RequestError as err:
+            return err.response()
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{stream.row}"
+        created, model = int(time.time()), settings.model
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": max_tokens,
+            "total_tokens": prompt + max_tokens,
+        }
+        try:
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return await _stream(
+                    request,
+                    engine,
+                    stream,
+                    first,
+                    kind,
+                    rid,
+                    model,
+                    created,
+                    usage if include_usage else None,
+                )
+            texts: list[str] = []
+            event = first
+            while event[0] == "token":
+                texts.append(FILLER[len(texts) % len(FILLER)])
+                stream.sim_times.append(event[1])
+                event = await stream.events.get()
+            stream.outcome = "completed"
+            text = " ".join(texts)
+            if chat:
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+            obj = "chat.completion" if chat else "text_completion"
+            return web.json_response(
+                {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                    "usage": usage,
+                }
+            )
+        finally:
+            metrics.record(stream)
+            engine.finished.append(stream)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await generate(request, "text")
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        return await generate(request, "chat")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": settings.model, "object": "model", "created": 0, "owned_by": "fairsim"}
+                ],
+            }
+        )
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def prometheus(request: web.Request) -> web.Response:
+        metrics.refresh(engine)
+        return web.Response(
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application()
+    app.add_routes(
+        [
+            web.post("/v1/completions", completions),
+            web.post("/v1/chat/completions", chat_completions),
+            web.get("/v1/models", models),
+            web.get("/health", health),
+            web.get("/metrics", prometheus),
+        ]
+    )
+    return app
+
+
+async def _stream(
+    request: web.Request,
+    engine: LiveEngine,
+    stream: Stream,
+    first: tuple[Any, ...],
+    kind: str,
+    rid: str,
+    model: str,
+    created: int,
+    usage: dict[str, int] | None,
+) -> web.StreamResponse:
+    """Server-Sent Events: one chunk per token as its simulated time comes, then [DONE]."""
+    response = EventSourceResponse(allow_all_methods=True, ping_interval=3600)
+    await response.prepare(request)
+    if kind == "chat":  # the role first, as OpenAI does
+        role = _chunk(kind, rid, model, created, None, None)
+        role["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+        await response.send(json.dumps(role))
+    event, k = first, 0
+    try:
+        while event[0] == "token":
+            last = k + 1 == stream.max_tokens
+            text = FILLER[k % len(FILLER)]
+            chunk = _chunk(
+                kind,
+                rid,
+                model,
+                created,
+                text if k == 0 else " " + text,
+                "length" if last else None,
+            )
+            await response.send(json.dumps(chunk))
+            stream.sim_times.append(event[1])
+            stream.written_at.append(engine.clock.now())
+            k += 1
+            event = await stream.events.get()
+        if usage is not None:
+            await response.send(json.dumps(_chunk(kind, rid, model, created, None, None, usage)))
+        await response.send("[DONE]")
+        stream.outcome = "completed"
+    except (ConnectionResetError, asyncio.CancelledError):
+        stream.outcome = "disconnected"
+        raise
+    return response
+
+
+class ServerMetrics:
+    """vLLM's metric names for what fairsim models, plus the policy's per-client counters.
+    Latencies are simulated seconds."""
+
+    def __init__(self, registry: CollectorRegistry, model: str, session: LiveSession) -> None:
+        self.session, self._preempted = session, 0
+        label = {"model_name": model}
+        names = ["model_name"]
+        self.label = label
+        self.running = Gauge(
+            "vllm:num_requests_running", "Requests running", names, registry=registry
+        )
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting", names, registry=registry
+        )
+        self.kv = Gauge(
+            "vllm:kv_cache_usage_perc", "KV cache in use (0-1)", names, registry=registry
+        )
+        self.preemptions = Counter("vllm:num_preemptions", "Preemptions", names, registry=registry)
+        self.prompt = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of served requests", names, registry=registry
+        )
+        self.generation = Counter(
+            "vllm:generation_tokens", "Tokens generated", names, registry=registry
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "TTFT",
+            names,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Inter-token latency",
+            names,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end latency",
+            names,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.service = Gauge(
+            "fairsim:client_service",
+            "The policy's counter per client",
+            ["model_name", "client"],
+            registry=registry,
+        )
+
+    def record(self, stream: Stream) -> None:
+        if not stream.sim_times:
+            return
+        arrival = float(self.session.runner.state.arrival[stream.row])
+        times = np.asarray(stream.sim_times)
+        self.prompt.labels(**self.label).inc(stream.prompt_tokens)
+        self.generation.labels(**self.label).inc(times.shape[0])
+        self.ttft.labels(**self.label).observe(times[0] - arrival)
+        for gap in np.diff(times).tolist():
+            self.itl.labels(**self.label).observe(gap)
+        self.e2e.labels(**self.label).observe(times[-1] - arrival)
+
+    def refresh(self, engine: LiveEngine) -> None:
+        runner = engine.session.runner
+        running = sum(len(rep.running) for rep in runner.replicas)  # type: ignore[attr-defined,misc]
+        kv = sum(rep.kv_used() for rep in runner.replicas)
+        pool = sum(rep.pool_tokens for rep in runner.replicas)
+        self.running.labels(**self.label).set(running)
+        self.waiting.labels(**self.label).set(engine.waiting())
+        self.kv.labels(**self.label).set(kv / pool if pool else 0.0)
+        preempted = sum(int(np.sum(rep.steps.columns()["preempted"])) for rep in runner.replicas)
+        self.preemptions.labels(**self.label).inc(preempted - self._preempted)
+        self._preempted = preempted
+        policy = runner.policies[0]
+        counter = getattr(policy, "counter", None)
+        if isinstance(policy, CounterPolicy) and counter is not None:
+            for name, slot in engine.clients.items():
+                self.service.labels(client=name, **self.label).set(float(counter[slot]))
