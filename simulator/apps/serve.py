@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from prometheus_client import CollectorRegistry
 
+from simulator.apps import sweep
 from simulator.apps.command import run_command
 from simulator.apps.live_server import LiveEngine, ServerMetrics, ServerSettings, make_app
 from simulator.apps.run import instantiate_parts
@@ -44,8 +45,8 @@ class ServeConfig:
     time_scale: float = 1.0  # simulated seconds per wall second (> 1: faster, for tests)
     max_waiting: int = 1000  # waiting requests beyond this answer 429 with Retry-After
     model: str = "fairsim"  # the model name /v1/models lists
-    clients: dict[str, float] = field(default_factory=dict)  # known clients and their weights
-    api_keys: dict[str, str] = field(default_factory=dict)  # API key -> client (401 if unknown)
+    clients: dict[str, float] | None = None  # known clients and their weights
+    api_keys: dict[str, str] | None = None  # API key -> client (then unknown keys get 401)
     max_clients: int = 64  # distinct clients a session can hold (known ones included)
     capacity: int = 100_000  # requests a session can hold
     grace: float = 5.0  # seconds in-flight streams get to finish at shutdown
@@ -53,6 +54,7 @@ class ServeConfig:
     default_max_tokens: int = 256  # chat requests without max_tokens
 
     def __post_init__(self) -> None:
+        self.clients, self.api_keys = dict(self.clients or {}), dict(self.api_keys or {})
         if self.host not in LOOPBACK:
             raise ConfigError(f"serve.host={self.host!r}: accepted: {', '.join(LOOPBACK)}")
         checks = (
@@ -80,7 +82,7 @@ class ServeConfig:
 def build(cfg: DictConfig) -> tuple[ServeConfig, LiveEngine, LiveSession]:
     serve = ServeConfig(**OmegaConf.to_container(cfg.serve, resolve=True))  # type: ignore[arg-type]
     policy, cost, engine, cluster = instantiate_parts(cfg)
-    known = dict(serve.clients)
+    known = dict(serve.clients or {})
     known.setdefault("default", 1.0)
     names = [*known, *(f"<slot {k}>" for k in range(serve.max_clients - len(known)))]
     weights = [*known.values(), *([1.0] * (len(names) - len(known)))]
@@ -98,7 +100,7 @@ async def serve_until_signal(cfg: DictConfig, out_dir: str) -> None:
     settings = ServerSettings(
         serve.model,
         serve.max_waiting,
-        serve.api_keys,
+        serve.api_keys or {},
         serve.chars_per_token,
         serve.default_max_tokens,
     )
@@ -173,7 +175,9 @@ def rename_clients(timeline: Timeline, clients: dict[str, int]) -> Timeline:
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="serve")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
-    asyncio.run(serve_until_signal(cfg, out_dir))
+    sweep.run_job(
+        "fairsim-serve", cfg, out_dir, lambda: asyncio.run(serve_until_signal(cfg, out_dir))
+    )
 
 
 def main() -> None:
