@@ -43,6 +43,9 @@ FILLER = (  # the output text: one word per token, cycling
     "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "simulated",
     "engines", "stream", "tokens",
 )  # fmt: skip
+# each filler word as a JSON string: the first token's, and any later one's (a space before)
+WORDS = tuple((json.dumps(w), json.dumps(" " + w)) for w in FILLER)
+PLACEHOLDER = "\u0000"  # stands for the text in a chunk template
 UNSUPPORTED = {  # OpenAI parameters fairsim does not model: a 400 names them
     "logprobs": "logprobs",
     "top_logprobs": "logprobs",
@@ -444,20 +447,19 @@ async def _stream(
         role = _chunk(kind, rid, model, created, None, None)
         role["choices"][0]["delta"] = {"role": "assistant", "content": ""}
         await response.send(json.dumps(role))
+    # each chunk differs only in its text (and the last in its finish reason): two JSON
+    # templates filled per token keep a 200-stream server's writes cheap (bench/serve_load.py)
+    going, ending = (
+        json.dumps(_chunk(kind, rid, model, created, PLACEHOLDER, finish)).split(
+            json.dumps(PLACEHOLDER)
+        )
+        for finish in (None, "length")
+    )
     event, k = first, 0
     try:
         while event[0] == "token":
-            last = k + 1 == stream.max_tokens
-            text = FILLER[k % len(FILLER)]
-            chunk = _chunk(
-                kind,
-                rid,
-                model,
-                created,
-                text if k == 0 else " " + text,
-                "length" if last else None,
-            )
-            await response.send(json.dumps(chunk))
+            head, tail = ending if k + 1 == stream.max_tokens else going
+            await response.send(head + WORDS[k % len(WORDS)][k > 0] + tail)
             stream.sim_times.append(event[1])
             stream.written_at.append(engine.clock.now())
             k += 1

@@ -82,6 +82,7 @@ class LiveSession:
         self.runner = Runner(empty, policy, cost, engine, cluster, pushed=True)
         self.capacity, self.count = capacity, 0
         self._sent: dict[int, int] = {}  # active row -> tokens reported
+        self._stamp = (-1, -1)  # (steps applied, requests ended) at the last emitted()
 
     @property
     def now(self) -> float:
@@ -118,6 +119,12 @@ class LiveSession:
     def emitted(self) -> list[Emitted]:
         """Per active request with news: the tokens it emitted since the last call."""
         state, replicas = self.runner.state, self.runner.replicas
+        # news comes only with a step applied or a request ended: otherwise skip the scan (an
+        # arrival wakes a live server's driver; 200 streams made this scan its main cost)
+        stamp = (sum(len(rep.steps) for rep in replicas), state.ended)
+        if stamp == self._stamp:
+            return []
+        self._stamp = stamp
         out: list[Emitted] = []
         for row, sent in list(self._sent.items()):
             status = int(state.status[row])
