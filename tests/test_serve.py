@@ -185,3 +185,57 @@ def test_metrics_use_vllms_names(server: Server):
     assert re.search(r'vllm:prompt_tokens_total\{model_name="fairsim"\} 20\.0', text)
     assert re.search(r'vllm:generation_tokens_total\{model_name="fairsim"\} 4\.0', text)
     server.stop()
+
+
+async def flood(url: str, user: str, concurrency: int, seconds: float) -> float:
+    """`concurrency` streams of back-to-back requests for `seconds`; the service the client
+    received, priced as VTC prices it (prompt tokens + 2 x output tokens)."""
+    api = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+    service = [0.0]
+
+    async def one_stream() -> None:
+        while True:
+            stream = await api.completions.create(
+                model="fairsim", prompt=list(range(64)), max_tokens=400, stream=True, user=user
+            )
+            got = 0
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    got += 1
+                    service[0] += 2.0 + (64.0 if got == 1 else 0.0)
+
+    tasks = [asyncio.create_task(one_stream()) for _ in range(concurrency)]
+    await asyncio.sleep(seconds)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return service[0]
+
+
+@pytest.mark.parametrize("policy", ["vtc", "fcfs"])
+def test_two_flooding_clients_get_vtc_fair_service_and_fcfs_favours_the_heavy_one(
+    tmp_path: Path, policy: str
+):
+    """Heavy keeps 24 streams open, light 8, on a 2,600-token pool that runs 5 such requests
+    (64 + 400 tokens) at once: both are always backlogged (each wants more than half, even
+    while some of its streams are between requests), for 120 simulated seconds. Theorem 4.4
+    bounds VTC's difference by 2U, U = max(w_p L_in, w_q M) = 5,200; FCFS serves requests in
+    arrival order, so heavy gets about 3x light."""
+    s = Server(tmp_path / policy, "serve.time_scale=20", f"policy={policy}",
+               "engine.pool_tokens=2600")  # fmt: skip
+
+    async def both() -> tuple[float, float]:
+        heavy, light = await asyncio.gather(flood(s.url, "heavy", 24, 6.0),
+                                            flood(s.url, "light", 8, 6.0))  # fmt: skip
+        return heavy, light
+
+    try:
+        heavy, light = asyncio.run(both())
+    finally:
+        s.stop()
+    bound = 2 * max(64, 2 * 2600)
+    assert light > 0 and heavy + light > 4 * bound  # enough service to tell them apart
+    if policy == "vtc":
+        assert abs(heavy - light) <= bound
+    else:
+        assert heavy > 2 * light and heavy - light > bound
