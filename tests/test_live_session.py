@@ -108,3 +108,26 @@ def test_bad_use_is_refused_clearly():
     with pytest.raises(ValueError, match="client 3"):
         later.submit(3, 5, 5, 2.0)
     assert later.count == 0  # nothing half-submitted
+
+
+@pytest.mark.parametrize("engine", [SLoRAConfig(pool_tokens=6000), VLLMConfig(pool_tokens=6000)])
+def test_an_aborted_request_stops_and_frees_its_memory_at_the_next_step(engine):
+    session = LiveSession(FCFS(), COST, engine, clients=CLIENTS)
+    long = session.submit(0, 300, 500, 0.0)
+    waiting = [session.submit(1, 2000, 400, 0.0) for _ in range(3)]  # not all fit at once
+    session.advance(2.0)
+    got = sum(len(e.times) for e in session.emitted() if e.row == long)
+    assert 0 < got < 500
+    rep = session.runner.replicas[0]
+    used = rep.kv_used()
+    session.abort(long)
+    session.abort(waiting[-1])  # still queued: it just leaves
+    session.advance(2.5)
+    news = {e.row: e for e in session.emitted()}
+    assert news[long].ended and (news[long].status, news[long].reason) == ("rejected", "aborted")
+    assert news[waiting[-1]].reason == "aborted" and not news[waiting[-1]].times
+    assert len(news[long].times) <= 2  # at most the steps already decided
+    timeline = session.close()
+    assert timeline.generated[long] == got + len(news[long].times) < 500
+    assert rep.kv_used() == 0 and used > 0  # freed (the rest finished normally)
+    assert (timeline.status[waiting[:2]] == 0).all()

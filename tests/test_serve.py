@@ -239,3 +239,27 @@ def test_two_flooding_clients_get_vtc_fair_service_and_fcfs_favours_the_heavy_on
         assert abs(heavy - light) <= bound
     else:
         assert heavy > 2 * light and heavy - light > bound
+
+
+def test_a_client_that_disconnects_aborts_its_request(server: Server):
+    async def leave_early() -> int:
+        api = client(server)
+        stream = await api.completions.create(
+            model="fairsim", prompt="x" * 400, max_tokens=2000, stream=True
+        )
+        got = 0
+        async for chunk in stream:
+            got += bool(chunk.choices and chunk.choices[0].text)
+            if got == 3:
+                break
+        await stream.close()
+        await asyncio.sleep(0.5)  # 10 simulated seconds: the engine would be far along
+        return got
+
+    assert asyncio.run(leave_early()) == 3
+    server.stop()
+    requests = pd.read_parquet(server.folder / "requests.parquet")
+    (row,) = requests.itertuples()
+    assert (row.status, row.reason) == ("rejected", "aborted")
+    tokens = pd.read_parquet(server.folder / "tokens.parquet")
+    assert 3 <= len(tokens) < 100  # stopped within a few steps of the disconnect, not 2,000

@@ -147,6 +147,13 @@ class LiveEngine:
         self.wake.set()
         return stream
 
+    def abort(self, stream: Stream) -> None:
+        """The client of `stream` went away: its request leaves the simulated engine (its
+        memory is freed at the next step)."""
+        if stream.row in self.streams:
+            self.session.abort(stream.row)
+            self.wake.set()
+
     async def drive(self) -> None:
         """Advance the simulation to the present whenever a step ends or a request arrives,
         and hand out the tokens produced."""
@@ -388,6 +395,8 @@ def make_app(
                 }
             )
         finally:
+            if stream.outcome not in ("completed", "rejected", "refused"):
+                engine.abort(stream)  # the client went away: the engine drops the request
             metrics.record(stream)
             engine.finished.append(stream)
 

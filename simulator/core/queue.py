@@ -25,6 +25,9 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._seq)
 
+    def __contains__(self, req: int) -> bool:
+        return req in self._seq
+
     def push(self, req: int) -> None:
         self._lanes.setdefault(self._client_of[req], deque()).append(req)
         self._enter(req, self._back)

@@ -107,6 +107,11 @@ class LiveSession:
         self._sent[row] = 0
         return row
 
+    def abort(self, row: int) -> None:
+        """The client of `row` went away: it leaves the queue, or its replica frees its memory
+        at the next step; it ends as rejected, reason `aborted`."""
+        self.runner.abort(row, self.now)
+
     def advance(self, t: float) -> None:
         """Run the simulation up to `t`: no arrival before `t` remains to be submitted."""
         self.runner.run_until(t)

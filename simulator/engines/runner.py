@@ -32,7 +32,7 @@ import simpy
 
 from cost_models.base import StepCostModel
 from simulator.core.queue import WaitingQueue
-from simulator.core.requests import REFUSED, REJECTED, RequestState
+from simulator.core.requests import IN_FLIGHT, REFUSED, REJECTED, RequestState
 from simulator.core.seam import CounterPolicy, Finished, Policy
 from simulator.core.timeline import Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
@@ -62,6 +62,7 @@ class ProgressSnapshot:
 Progress = Callable[[ProgressSnapshot], None]
 
 BUSY, IDLE, HELD, DONE = range(4)  # how a standalone replica's burst of steps ended
+ABORTED = "aborted"  # the reason of a request whose client went away (live mode)
 
 
 class Runner:
@@ -94,6 +95,7 @@ class Runner:
         self.coupled = not self.dispatcher.static or (trace.chained and n > 1)
         self.pushed = pushed
         self._pushed: set[int] = set()
+        self._aborted: set[int] = set()  # online: requests whose client went away
         self._chained = {row for row, _ in self.successor.values()}
         self.frontier = 0.0 if pushed else np.inf  # every arrival before it is known
         first = [] if pushed else first_arrivals(trace).tolist()
@@ -143,6 +145,9 @@ class Runner:
         """A request arrives at a replica: refused, rejected, or queued."""
         state = self.state
         state.arrival[req] = now  # chained calls learn their time only now
+        if req in self._aborted:  # its client left before it arrived here
+            self._end(req, now, REJECTED, ABORTED)
+            return
         refusal = self._refusal[req]
         if refusal is not None:
             self._end(req, now, REFUSED, refusal)
@@ -199,6 +204,26 @@ class Runner:
         )
         state.client_of[req], state.prompt[req], state.output[req] = client, prompt_len, output_len
         self._refusal[req] = self.engine.refusals(trace.take(np.array([req])), self._cost)[0]
+
+    def abort(self, req: int, now: float) -> None:
+        """Online use: the client of `req` went away. Waiting, it leaves its queue; running, its
+        replica drops it at its next step and frees its memory; not yet delivered, it never
+        arrives. It ends as rejected, reason `aborted`."""
+        if self.state.status[req] != IN_FLIGHT:
+            return
+        self._aborted.add(req)
+        for queue in {id(q): q for q in self.queues}.values():
+            if req in queue:
+                queue.remove(req)
+                self._end(req, now, REJECTED, ABORTED)
+                return
+        if self.state.reason[req] != "not_arrived":  # running, or in a step being formed:
+            for rep in self.replicas:  # the replica running it drops it at its next step
+                rep.abort(req)
+
+    def aborted(self, replica: int, req: int, now: float) -> None:
+        """A replica dropped an aborted running request (its memory is free)."""
+        self._end(req, now, REJECTED, ABORTED)
 
     # ---- endings ----------------------------------------------------------------------------
     def _end(self, req: int, now: float, status: int, reason: str) -> None:

@@ -164,6 +164,9 @@ class SLoRAReplica:
         self.pool_tokens = cfg.pool_tokens
         self.steps = StepRecorder()
         self.decode_ends = array("d")  # every decode step's end: token k >= 1 of a request
+        self._aborting: list[int] = []  # live mode: running requests to drop at the next step
+        self._gone: set[int] = set()  # dropped: their finish-heap entries are skipped
+        self.stopped_at = np.full(n, -1, dtype=np.int64)  # tokens an aborted request emitted
         self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
         self.now = 0.0
         self.decodes = 0  # decode steps so far
@@ -179,6 +182,8 @@ class SLoRAReplica:
         return self.kv
 
     def schedule(self, frontier: float) -> Plan | None:
+        if self._aborting:
+            self._drop_aborted()
         cfg = self.cfg
         idle = not self.running.shape[0]
         if idle or (self.wait_steps >= cfg.max_wait_tokens and len(self.queue)):
@@ -214,12 +219,37 @@ class SLoRAReplica:
         rows = np.flatnonzero(self.first_decode >= 0)
         fd = self.first_decode[rows]
         generated = np.minimum(self.decodes - fd + 1, self.output[rows])
+        stopped = self.stopped_at[rows]
+        generated = np.where(stopped >= 0, stopped, generated)
         for r, g in zip(rows.tolist(), generated.tolist(), strict=True):
             state.generated[r] = g
         ones = np.ones(rows.shape[0], dtype=np.int64)
         tokens = self.host.tokens
         tokens.add(rows, 0 * ones, ones, self.index, self.decodes + self.prefill_step[rows])
         tokens.add(rows, ones, generated - 1, self.index, fd)
+
+    def abort(self, req: int) -> None:
+        self._aborting.append(req)
+
+    def _drop_aborted(self) -> None:
+        """Drop the aborted running requests: their KV (prompt and every token but the last)
+        is freed before the next step."""
+        for req in self._aborting:
+            if not np.any(self.running == req):
+                continue  # it finished meanwhile
+            emitted = min(self.decodes - int(self.first_decode[req]) + 1, self._output[req])
+            self.stopped_at[req] = emitted
+            self.kv -= self._prompt[req] + emitted - 1
+            table = self._run_table
+            self._set_running(table.compress(table[0] != req, axis=1))
+            c = self._client_of[req]
+            self.running_clients[c] -= 1
+            if not self.running_clients[c]:
+                del self.running_clients[c]
+            self._gone.add(req)
+            self.host.aborted(self.index, req, self.now)
+        self._aborting.clear()
+        self._fit = None
 
     def token_times(self, req: int, start: int) -> list[float]:
         """Times of the tokens `req` has emitted so far, from index `start` on: the first at the
@@ -228,6 +258,8 @@ class SLoRAReplica:
         if fd < 0:
             return []
         emitted = min(self.decodes - fd + 1, self._output[req])
+        if self.stopped_at[req] >= 0:
+            emitted = int(self.stopped_at[req])
         times = [float(self.state.first_token_at[req])] if start == 0 < emitted else []
         times.extend(self.decode_ends[fd + max(start, 1) - 1 : fd + emitted - 1])
         return times
@@ -396,7 +428,9 @@ class SLoRAReplica:
             return
         rows = []  # in admission order, as in the running set
         while finishes and finishes[0][0] == self.decodes:
-            rows.append(heapq.heappop(finishes)[2])
+            req = heapq.heappop(finishes)[2]
+            if req not in self._gone:
+                rows.append(req)
         table = self._run_table
         self._set_running(table.compress(table[2] != self.decodes, axis=1))
         for req in rows:

@@ -91,6 +91,10 @@ class Host(Protocol):
         """The policy dropped a waiting request: it leaves as rejected."""
         ...
 
+    def aborted(self, replica: int, req: int, now: float) -> None:
+        """The replica dropped `req`, aborted while running (its memory is free)."""
+        ...
+
     def queued(self, replica: int, now: float) -> None:
         """The replica put a request back into its queue at `now` (a preemption): wake who may
         pull it."""
@@ -131,6 +135,11 @@ class StepModel(Protocol):
     def close(self) -> None:
         """After the run: check the memory books, mark running requests, and write the token
         runs and emitted counts the model kept to itself."""
+        ...
+
+    def abort(self, req: int) -> None:
+        """Drop running `req` at the start of the next step, freeing its memory, and tell the
+        host (`Host.aborted`)."""
         ...
 
     def token_times(self, req: int, start: int) -> list[float]:

@@ -192,6 +192,7 @@ class VLLMReplica:
         # live mode (token_times): closed token runs of this replica by row, read incrementally
         self._closed_runs: dict[int, list[tuple[int, int, int]]] = {}
         self._runs_seen = 0
+        self._aborting: list[int] = []  # live mode: running requests to drop at the next step
         self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
@@ -205,6 +206,8 @@ class VLLMReplica:
         return self.pool.used * self.cfg.block_size
 
     def schedule(self, frontier: float) -> Plan | None:
+        if self._aborting:
+            self._drop_aborted()
         if self.fast_forward and self._can_run():
             plan = self._decode_run(frontier)
             if plan is not None:
@@ -226,6 +229,22 @@ class VLLMReplica:
         self.pool.check()  # private + cached + empty blocks add up to the pool
         for r in self.running:
             self.state.reason[r] = "running"
+
+    def abort(self, req: int) -> None:
+        self._aborting.append(req)
+
+    def _drop_aborted(self) -> None:
+        """Drop the aborted running requests and free their blocks before the next step."""
+        for req in self._aborting:
+            if req not in self.running:
+                continue  # it finished meanwhile
+            self.running.remove(req)
+            self.prefilling.discard(req)
+            self.stalled.discard(req)
+            self.pool.release(req)
+            self.host.tokens.close(req, self.state.generated[req])
+            self.host.aborted(self.index, req, self.now)
+        self._aborting.clear()
 
     def token_times(self, req: int, start: int) -> list[float]:
         """Times of the tokens `req` has emitted so far, from index `start` on: each run of
