@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,8 @@ def scaled(argv: list[str], run_dir: Path) -> list[str]:
         return [*argv, *SWEEP_OVERRIDES]
     if program == "fairsim":
         return [*argv, *RUN_OVERRIDES, f"hydra.run.dir={run_dir}"]
+    if program == "fairsim-serve":
+        return [*argv, "serve.port=0", f"hydra.run.dir={run_dir}"]
     if program == "fairsim-capacity":
         return [*argv, "progress=false", f"hydra.run.dir={run_dir}"]
     return argv
@@ -87,6 +91,9 @@ def test_a_readme_command_runs_as_written(lines, tmp_path):
     for i, line in enumerate(lines):
         argv = shlex.split(line)
         argv = scaled(argv, tmp_path / f"run{i}")
+        if argv[0] == "fairsim-serve":  # a server: it must start, answer, and stop on SIGINT
+            serve_until_healthy(argv, work)
+            continue
         res = subprocess.run(
             [str(BIN / argv[0]), *argv[1:]],
             cwd=work,
@@ -101,3 +108,22 @@ def test_a_readme_command_runs_as_written(lines, tmp_path):
             plots = sorted(p.name for p in (work / argv[1]).glob("*.png"))
             words = {"one": 1, "two": 2, "three": 3}
             assert promised and len(plots) == words[promised.group(1)], plots
+
+
+def serve_until_healthy(argv: list[str], work: Path) -> None:
+    """Start a `fairsim-serve` line, wait for its health answer, stop it with SIGINT."""
+    proc = subprocess.Popen([str(BIN / argv[0]), *argv[1:]], cwd=work, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"(http://127\.0\.0\.1:\d+)/v1", line)
+        assert match, f"{' '.join(argv)}: {line}"
+        with urllib.request.urlopen(match.group(1) + "/health", timeout=30) as answer:
+            assert answer.read() == b"ok"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -263,3 +263,30 @@ def test_a_client_that_disconnects_aborts_its_request(server: Server):
     assert (row.status, row.reason) == ("rejected", "aborted")
     tokens = pd.read_parquet(server.folder / "tokens.parquet")
     assert 3 <= len(tokens) < 100  # stopped within a few steps of the disconnect, not 2,000
+
+
+@pytest.mark.parametrize("server", [("serve.max_waiting=1", "engine.pool_tokens=600")],
+                         indirect=True)  # fmt: skip
+def test_a_full_waiting_queue_answers_429_with_retry_after(server: Server):
+    """One 100 + 480-token request (8 simulated seconds) fits the 600-token pool at a time: the
+    second waits, the third finds the queue (max 1) full."""
+
+    async def three() -> list[object]:
+        api = client(server)
+        calls = [
+            api.completions.create(model="fairsim", prompt=list(range(100)), max_tokens=480)
+            for _ in range(3)
+        ]
+        first = asyncio.ensure_future(calls[0])
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(calls[1])
+        await asyncio.sleep(0.05)
+        results = await asyncio.gather(first, second, calls[2], return_exceptions=True)
+        return list(results)
+
+    results = asyncio.run(three())
+    refused = [r for r in results if isinstance(r, openai.RateLimitError)]
+    assert len(refused) == 1 and "waiting queue is full" in str(refused[0])
+    assert refused[0].response.headers["retry-after"] == "1"
+    assert sum(not isinstance(r, Exception) for r in results) == 2
+    server.stop()
