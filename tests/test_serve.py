@@ -290,3 +290,28 @@ def test_a_full_waiting_queue_answers_429_with_retry_after(server: Server):
     assert refused[0].response.headers["retry-after"] == "1"
     assert sum(not isinstance(r, Exception) for r in results) == 2
     server.stop()
+
+
+@pytest.mark.parametrize("server", [("serve.tokenizer=builtins:len",)], indirect=True)
+def test_a_plugged_in_tokenizer_counts_the_prompt(server: Server):
+    """serve.tokenizer names a function from text to its token count (here len: one token per
+    character); without it a prompt of text counts ceil(characters / 4)."""
+
+    async def one() -> int:
+        answer = await client(server).completions.create(
+            model="fairsim", prompt="hello world", max_tokens=1
+        )
+        return answer.usage.prompt_tokens
+
+    assert asyncio.run(one()) == len("hello world")
+    server.stop()
+
+
+def test_a_tokenizer_that_cannot_be_found_is_a_one_line_error(tmp_path: Path):
+    res = subprocess.run(
+        [str(BIN / "fairsim-serve"), "serve.tokenizer=no_such_module:count",
+         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert "serve.tokenizer='no_such_module:count'" in res.stderr
+    assert "accepted: 'module:function'" in res.stderr

@@ -9,7 +9,8 @@ lag between a token's simulated time and its write is measurable). HTTP and Serv
 framing come from aiohttp and aiohttp-sse; metrics from prometheus-client.
 
 Lengths: a prompt given as token ids counts them; text counts ceil(characters /
-`chars_per_token`) (4 by default, a common estimate for English), plus 4 per chat message. The
+`chars_per_token`) (4 by default, a common estimate for English), or what a tokenizer plugged in
+with `serve.tokenizer` says, plus 4 per chat message. The
 output is `max_tokens` tokens (as with `ignore_eos`), at least `min_tokens`: deterministic filler
 words, one token per chunk, with exact usage.
 """
@@ -21,6 +22,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,7 +186,7 @@ class ServerSettings:
     model: str
     max_waiting: int
     api_keys: dict[str, str]
-    chars_per_token: float
+    count_tokens: Callable[[str], int]  # text -> its prompt tokens
     default_max_tokens: int
 
 
@@ -204,10 +206,12 @@ def _client(request: web.Request, body: dict[str, Any], settings: ServerSettings
     return str(user) if user else "default"
 
 
-def _prompt_tokens(body: dict[str, Any], chat: bool, chars_per_token: float) -> int:
-    def text_tokens(text: str) -> int:
-        return math.ceil(len(text) / chars_per_token)
+def estimate_tokens(chars_per_token: float) -> Callable[[str], int]:
+    """The tokenizer-free estimate: ceil(characters / chars_per_token)."""
+    return lambda text: math.ceil(len(text) / chars_per_token)
 
+
+def _prompt_tokens(body: dict[str, Any], chat: bool, text_tokens: Callable[[str], int]) -> int:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -333,7 +337,7 @@ def make_app(
             _check_supported(body)
             chat = kind == "chat"
             client = _client(request, body, settings)
-            prompt = _prompt_tokens(body, chat, settings.chars_per_token)
+            prompt = _prompt_tokens(body, chat, settings.count_tokens)
             max_tokens = _max_tokens(body, chat, settings.default_max_tokens)
             if engine.waiting() >= settings.max_waiting:
                 raise RequestError(

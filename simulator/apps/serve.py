@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,13 @@ from prometheus_client import CollectorRegistry
 
 from simulator.apps import sweep
 from simulator.apps.command import run_command
-from simulator.apps.live_server import LiveEngine, ServerMetrics, ServerSettings, make_app
+from simulator.apps.live_server import (
+    LiveEngine,
+    ServerMetrics,
+    ServerSettings,
+    estimate_tokens,
+    make_app,
+)
 from simulator.apps.run import instantiate_parts
 from simulator.core.errors import ConfigError
 from simulator.core.timeline import Timeline
@@ -53,6 +60,7 @@ class ServeConfig:
     capacity: int = 100_000  # requests a session can hold
     grace: float = 5.0  # seconds in-flight streams get to finish at shutdown
     chars_per_token: float = 4.0  # prompt-length estimate for text (no tokenizer)
+    tokenizer: str | None = None  # "module:function": text -> token count (or token ids)
     default_max_tokens: int = 256  # chat requests without max_tokens
 
     def __post_init__(self) -> None:
@@ -81,6 +89,29 @@ class ServeConfig:
                 raise ConfigError(f"serve.clients[{name}]={w!r}: expected a weight > 0")
 
 
+def tokenizer(serve: ServeConfig) -> Callable[[str], int]:
+    """`serve.tokenizer` (a function from text to its token count or its token ids, named
+    "module:function", e.g. a wrapper around tiktoken's or Hugging Face's encode), else the
+    tokenizer-free estimate."""
+    if serve.tokenizer is None:
+        return estimate_tokens(serve.chars_per_token)
+    module, _, name = serve.tokenizer.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ConfigError(
+            f"serve.tokenizer={serve.tokenizer!r}: {err}; accepted: 'module:function'"
+        ) from None
+    if not callable(function):
+        raise ConfigError(f"serve.tokenizer={serve.tokenizer!r} is not callable")
+
+    def count(text: str) -> int:
+        out = function(text)
+        return int(out) if isinstance(out, int) else len(out)
+
+    return count
+
+
 def build(cfg: DictConfig) -> tuple[ServeConfig, LiveEngine, LiveSession]:
     serve = ServeConfig(**OmegaConf.to_container(cfg.serve, resolve=True))  # type: ignore[arg-type]
     policy, cost, engine, cluster = instantiate_parts(cfg)
@@ -103,7 +134,7 @@ async def serve_until_signal(cfg: DictConfig, out_dir: str) -> None:
         serve.model,
         serve.max_waiting,
         serve.api_keys or {},
-        serve.chars_per_token,
+        tokenizer(serve),
         serve.default_max_tokens,
     )
     app = make_app(live, settings, registry, ServerMetrics(registry, serve.model, session))
