@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from policies import FCFS, VTC
 from simulator.apps.run import compose_config
 from simulator.core.errors import ConfigError
-from simulator.engines import SLoRAConfig, VLLMConfig, simulate
+from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
 from simulator.engines.live import CapacityError, LiveSession
 
 COST = instantiate(compose_config().cost_model)  # the default: Llama-7B on an A10G
@@ -131,3 +131,21 @@ def test_an_aborted_request_stops_and_frees_its_memory_at_the_next_step(engine):
     assert timeline.generated[long] == got + len(news[long].times) < 500
     assert rep.kv_used() == 0 and used > 0  # freed (the rest finished normally)
     assert (timeline.status[waiting[:2]] == 0).all()
+
+
+@pytest.mark.parametrize("dispatcher", ["round_robin", "least_requests"])
+def test_a_live_cluster_is_the_offline_run_of_its_arrivals(dispatcher):
+    """Two replicas: assigned up front (round robin, each runs alone) or coupled (least
+    requests, stepping together)."""
+    requests = arrivals(11, 150)
+    engine, cluster = VLLMConfig(pool_tokens=3000), ClusterConfig(2, dispatcher)
+    session = LiveSession(FCFS(), COST, engine, cluster, clients=CLIENTS, capacity=200)
+    streamed = run_live(session, requests, 11)
+    live = session.close()
+    offline = simulate(session.arrivals(), FCFS(), COST, engine, cluster)
+    for a, b in zip(live.token_times(), offline.token_times(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    rows, index, times = live.token_times()
+    for row in range(len(requests)):
+        assert streamed.get(row, []) == times[rows == row].tolist()
+    assert set(live.request_columns["replica"].tolist()) == {0, 1}
