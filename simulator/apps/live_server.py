@@ -6,7 +6,7 @@ start) x `time_scale`. A request is submitted at the simulated instant it arrive
 advances the simulation to the present whenever a step is due or a request arrives, and hands
 each request's new tokens to its handler, which writes them at once (and records when, so the
 lag between a token's simulated time and its write is measurable). HTTP and Server-Sent Events
-framing come from aiohttp and aiohttp-sse; metrics from prometheus-client.
+framing come from aiohttp and aiohttp-sse; the metrics are in `live_metrics.py`.
 
 Lengths: a prompt given as token ids counts them; text counts ceil(characters /
 `chars_per_token`) (4 by default, a common estimate for English), or what a tokenizer plugged in
@@ -26,19 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from simulator.core.seam import CounterPolicy
+from simulator.apps.live_metrics import ServerMetrics
 from simulator.engines.live import CapacityError, LiveSession
 
 FILLER = (  # the output text: one word per token, cycling
@@ -59,7 +51,6 @@ UNSUPPORTED = {  # OpenAI parameters fairsim does not model: a 400 names them
     "function_call": "function calls",
     "response_format": "structured output",
 }
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class RequestError(Exception):
@@ -401,7 +392,7 @@ def make_app(
         finally:
             if stream.outcome not in ("completed", "rejected", "refused"):
                 engine.abort(stream)  # the client went away: the engine drops the request
-            metrics.record(stream)
+            metrics.record(stream.row, stream.prompt_tokens, stream.sim_times)
             engine.finished.append(stream)
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -424,7 +415,7 @@ def make_app(
         return web.Response(text="ok")
 
     async def prometheus(request: web.Request) -> web.Response:
-        metrics.refresh(engine)
+        metrics.refresh(engine.waiting(), engine.clients)
         return web.Response(
             body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -485,86 +476,3 @@ async def _stream(
         stream.outcome = "disconnected"
         raise
     return response
-
-
-class ServerMetrics:
-    """vLLM's metric names for what fairsim models, plus the policy's per-client counters.
-    Latencies are simulated seconds."""
-
-    def __init__(self, registry: CollectorRegistry, model: str, session: LiveSession) -> None:
-        self.session, self._preempted = session, 0
-        label = {"model_name": model}
-        names = ["model_name"]
-        self.label = label
-        self.running = Gauge(
-            "vllm:num_requests_running", "Requests running", names, registry=registry
-        )
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting", names, registry=registry
-        )
-        self.kv = Gauge(
-            "vllm:kv_cache_usage_perc", "KV cache in use (0-1)", names, registry=registry
-        )
-        self.preemptions = Counter("vllm:num_preemptions", "Preemptions", names, registry=registry)
-        self.prompt = Counter(
-            "vllm:prompt_tokens", "Prompt tokens of served requests", names, registry=registry
-        )
-        self.generation = Counter(
-            "vllm:generation_tokens", "Tokens generated", names, registry=registry
-        )
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "TTFT",
-            names,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Inter-token latency",
-            names,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end latency",
-            names,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.service = Gauge(
-            "fairsim:client_service",
-            "The policy's counter per client",
-            ["model_name", "client"],
-            registry=registry,
-        )
-
-    def record(self, stream: Stream) -> None:
-        if not stream.sim_times:
-            return
-        arrival = float(self.session.runner.state.arrival[stream.row])
-        times = np.asarray(stream.sim_times)
-        self.prompt.labels(**self.label).inc(stream.prompt_tokens)
-        self.generation.labels(**self.label).inc(times.shape[0])
-        self.ttft.labels(**self.label).observe(times[0] - arrival)
-        for gap in np.diff(times).tolist():
-            self.itl.labels(**self.label).observe(gap)
-        self.e2e.labels(**self.label).observe(times[-1] - arrival)
-
-    def refresh(self, engine: LiveEngine) -> None:
-        runner = engine.session.runner
-        running = sum(len(rep.running) for rep in runner.replicas)  # type: ignore[attr-defined,misc]
-        kv = sum(rep.kv_used() for rep in runner.replicas)
-        pool = sum(rep.pool_tokens for rep in runner.replicas)
-        self.running.labels(**self.label).set(running)
-        self.waiting.labels(**self.label).set(engine.waiting())
-        self.kv.labels(**self.label).set(kv / pool if pool else 0.0)
-        preempted = sum(int(np.sum(rep.steps.columns()["preempted"])) for rep in runner.replicas)
-        self.preemptions.labels(**self.label).inc(preempted - self._preempted)
-        self._preempted = preempted
-        policy = runner.policies[0]
-        counter = getattr(policy, "counter", None)
-        if isinstance(policy, CounterPolicy) and counter is not None:
-            for name, slot in engine.clients.items():
-                self.service.labels(client=name, **self.label).set(float(counter[slot]))

@@ -29,9 +29,9 @@ from prometheus_client import CollectorRegistry
 
 from simulator.apps import sweep
 from simulator.apps.command import run_command
+from simulator.apps.live_metrics import ServerMetrics
 from simulator.apps.live_server import (
     LiveEngine,
-    ServerMetrics,
     ServerSettings,
     estimate_tokens,
     make_app,
