@@ -13,7 +13,7 @@ import inspect
 import types
 import typing
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
@@ -45,6 +45,7 @@ CONTAINERS: dict[Any, type] = {
     collections.abc.Mapping: dict,
 }
 NONE = type(None)
+T = TypeVar("T")
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -65,6 +66,16 @@ def check_config(cfg: DictConfig) -> None:
         for key, value in node.items():
             if key == "seed" or key.endswith("_seed"):
                 _check_seed(f"{path}.{key}", value)
+
+
+def build_block(cfg: DictConfig, name: str, cls: type[T]) -> T:
+    """A plain block of the config (`serve:`, `target:`) as the dataclass that reads it, with
+    an unknown key or a value of the wrong kind named like any other setting."""
+    plain: Any = OmegaConf.to_container(cfg[name], resolve=True, throw_on_missing=True)
+    if not isinstance(plain, dict):
+        raise ConfigError(f"{name}={plain!r}: expected a mapping of settings")
+    _check_node(name, {"_target_": f"{cls.__module__}.{cls.__qualname__}", **plain})
+    return cls(**plain)
 
 
 def _check_seed(key: str, value: Any) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from simulator.apps import sweep
 from simulator.apps.command import run_command
+from simulator.apps.config_check import build_block
 from simulator.apps.live_metrics import ServerMetrics
 from simulator.apps.live_server import (
     LiveEngine,
@@ -37,10 +37,11 @@ from simulator.apps.live_server import (
     make_app,
 )
 from simulator.apps.run import instantiate_parts
+from simulator.apps.tokenizer import load_tokenizer
 from simulator.core.errors import ConfigError
 from simulator.core.timeline import Timeline
 from simulator.engines.live import LiveSession
-from simulator.report.run_folder import write_parquet, write_run
+from simulator.report.run_folder import mark_completed, write_parquet, write_run, write_summary
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -90,30 +91,14 @@ class ServeConfig:
 
 
 def tokenizer(serve: ServeConfig) -> Callable[[str], int]:
-    """`serve.tokenizer` (a function from text to its token count or its token ids, named
-    "module:function", e.g. a wrapper around tiktoken's or Hugging Face's encode), else the
-    tokenizer-free estimate."""
+    """`serve.tokenizer` if set, else the tokenizer-free estimate."""
     if serve.tokenizer is None:
         return estimate_tokens(serve.chars_per_token)
-    module, _, name = serve.tokenizer.partition(":")
-    try:
-        function = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ConfigError(
-            f"serve.tokenizer={serve.tokenizer!r}: {err}; accepted: 'module:function'"
-        ) from None
-    if not callable(function):
-        raise ConfigError(f"serve.tokenizer={serve.tokenizer!r} is not callable")
-
-    def count(text: str) -> int:
-        out = function(text)
-        return int(out) if isinstance(out, int) else len(out)
-
-    return count
+    return load_tokenizer(serve.tokenizer, "serve.tokenizer")
 
 
 def build(cfg: DictConfig) -> tuple[ServeConfig, LiveEngine, LiveSession]:
-    serve = ServeConfig(**OmegaConf.to_container(cfg.serve, resolve=True))  # type: ignore[arg-type]
+    serve = build_block(cfg, "serve", ServeConfig)
     policy, cost, engine, cluster = instantiate_parts(cfg)
     known = dict(serve.clients or {})
     known.setdefault("default", 1.0)
@@ -166,8 +151,19 @@ async def serve_until_signal(cfg: DictConfig, out_dir: str) -> None:
 def write_folder(out_dir: str, cfg: DictConfig, session: LiveSession, live: LiveEngine) -> None:
     """The run folder of a live session, and the socket write time of every streamed token."""
     timeline = rename_clients(session.close(), live.clients)
+    ids = np.full(len(timeline.arrival), None, dtype=object)
+    for s in live.finished:
+        ids[s.row] = s.client_request_id
+    timeline.request_columns["client_request_id"] = ids  # X-Request-Id: joins a client's records
     config = OmegaConf.to_container(cfg, resolve=True)
-    outputs = write_run(timeline, out_dir, config)  # type: ignore[arg-type]
+    outputs = write_run(timeline, out_dir, config, complete=False)  # type: ignore[arg-type]
+    # simulated time t happened at monotonic clock time started_monotonic + t / time_scale
+    outputs.summary["clock"] = {
+        "started_monotonic": live.clock.start,
+        "time_scale": live.clock.scale,
+        "time_origin": 0.0,
+    }
+    write_summary(outputs.summary, out_dir)
     rows: list[int] = []
     index: list[int] = []
     written: list[float] = []
@@ -188,6 +184,7 @@ def write_folder(out_dir: str, cfg: DictConfig, session: LiveSession, live: Live
     )
     writes["lag"] = writes["written_at"] - writes["time"]
     write_parquet(writes, Path(out_dir, "socket_writes.parquet"))
+    mark_completed(out_dir, outputs.summary["config_digest"])
     done = outputs.summary["status_counts"]
     print(f"fairsim-serve: {len(timeline.arrival)} requests ({done}); run folder {out_dir}")
 
