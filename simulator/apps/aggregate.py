@@ -42,7 +42,10 @@ RUN_METRICS = {  # column: path in summary.json
     "throttled_requests": ("throttled_requests",),
     "throttled_interactions": ("throttled_interactions",),
     "wasted_tokens": ("wasted_tokens",),
-    **{f"{s}_requests": ("status_counts", s) for s in ("completed", "rejected", "refused")},
+    **{
+        f"{s}_requests": ("status_counts", s)
+        for s in ("completed", "rejected", "refused", "failed")
+    },
     "in_flight_requests": ("status_counts", "in_flight"),
 }
 LATENCY = ("ttft", "tpot", "e2e", "tbt")

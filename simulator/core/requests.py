@@ -11,8 +11,10 @@ import numpy as np
 
 from traces.schema import Trace
 
-STATUSES = ("completed", "rejected", "refused", "in_flight")
-COMPLETED, REJECTED, REFUSED, IN_FLIGHT = range(len(STATUSES))
+# failed: a measured request (fairsim-bench) that ended in an error: an HTTP error, a timeout,
+# a dropped connection; a simulation never fails a request
+STATUSES = ("completed", "rejected", "refused", "in_flight", "failed")
+COMPLETED, REJECTED, REFUSED, IN_FLIGHT, FAILED = range(len(STATUSES))
 
 
 class RequestState:

@@ -225,8 +225,9 @@ def response_times(requests: pd.DataFrame, ticks: np.ndarray, window: float = 60
 
 
 def rejections(requests: pd.DataFrame) -> pd.DataFrame:
-    """Unserved requests per client and reason (rejected by a policy, refused by the engine)."""
-    lost = requests[requests["status"].isin(["rejected", "refused"])]
+    """Unserved requests per client and reason (rejected by a policy, refused by the engine,
+    failed on the way: measured runs)."""
+    lost = requests[requests["status"].isin(["rejected", "refused", "failed"])]
     return (
         lost.groupby(["client", "status", "reason"], observed=True)
         .size()

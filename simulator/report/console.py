@@ -64,10 +64,13 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
         f"requests: {counts}",
         f"throughput (prompt+output of completed / last finish): "
         f"{_fmt(summary['throughput_tokens_per_s'], 1)} tokens/s",
-        f"KV pool use: mean {_fmt(100 * summary['kv_utilisation']['mean'], 1)}%, "
-        f"peak {_fmt(100 * summary['kv_utilisation']['peak'], 1)}% of "
-        f"{summary['pool_tokens']} tokens",
     ]
+    if summary["pool_tokens"]:  # a measured run (fairsim-bench) knows no pool
+        lines.append(
+            f"KV pool use: mean {_fmt(100 * summary['kv_utilisation']['mean'], 1)}%, "
+            f"peak {_fmt(100 * summary['kv_utilisation']['peak'], 1)}% of "
+            f"{summary['pool_tokens']} tokens"
+        )
     if summary["status_counts"].get("completed", 0) == 0:
         lines.append("no completed requests: latency, fairness and fluidity figures are empty (-)")
     vllm = summary.get("vllm")
@@ -112,6 +115,8 @@ def format_replicas(replicas: list[dict[str, Any]]) -> str:
 def format_fairness(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS) -> str:
     """Per-client service and the VTC paper's fairness figures, beside the comparison policy's."""
     policy = summary["config"].get("policy", {}).get("_target_", "policy").rsplit(".", 1)[-1]
+    if "target" in summary["config"]:  # measured by fairsim-bench: the target's own scheduling
+        policy = "measured"
     runs = [(policy, summary["fairness"])]
     other = summary.get("comparison")
     if other is not None:

@@ -70,7 +70,8 @@ def summarize(
         }
     if "preemptions" in requests:  # engine=vllm
         extra["vllm"] = replicas.engine_counts(requests)
-    extra["replicas"] = replicas.per_replica(requests, tokens, steps, timeline.pool_tokens)
+    if "replica" in requests:  # simulated (a measured run sees no replicas)
+        extra["replicas"] = replicas.per_replica(requests, tokens, steps, timeline.pool_tokens)
     reasons = (
         requests[requests.status != "completed"].groupby(["status", "reason"], observed=True).size()
     )

@@ -214,7 +214,7 @@ def write_veeksha_metrics(
     write_request_level_metrics(out / "request_level_metrics.jsonl", columns, request_gaps)
     completed = len(request_gaps)
     del request_gaps  # views of a copy of every gap: freed before the next ones are made
-    errored = int(requests.status.isin(["rejected", "refused"]).sum())
+    errored = int(requests.status.isin(["rejected", "refused", "failed"]).sum())
     _dump(
         out / "summary_stats.json",
         {
