@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +17,7 @@ from omegaconf import OmegaConf
 from traces import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the console scripts of the environment running the tests
 SHARED_DATA = ROOT.parent / "shared" / "data"
 if SHARED_DATA.exists():  # data: paths of data fairsim does not ship resolve to ../shared/data
     os.environ.setdefault("FAIRSIM_DATA_DIR", str(SHARED_DATA))
@@ -63,3 +68,28 @@ def check_accounting(tl):  # type: ignore[no-untyped-def]
     assert (times[first] > tl.arrival[rows[first]]).all()
     assert (tl.finished_at[done] == times[np.cumsum(tl.generated)[done] - 1]).all()
     return rows, index, times
+
+
+class Server:
+    """`fairsim-serve` in a subprocess on a free loopback port; `stop()` sends SIGINT, which
+    makes it write its run folder."""
+
+    def __init__(self, folder: Path, *overrides: str) -> None:
+        self.folder = folder
+        self.proc = subprocess.Popen(
+            [str(BIN / "fairsim-serve"), "serve.port=0", f"hydra.run.dir={folder}", *overrides],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the first line says where it listens
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        assert match, line
+        self.url = f"http://127.0.0.1:{match.group(1)}/v1"
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, out
+        return out

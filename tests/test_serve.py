@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,33 +18,10 @@ from hydra.utils import instantiate
 
 openai = pytest.importorskip("openai")
 
+from conftest import BIN, Server  # noqa: E402
 from simulator.apps.run import compose_config  # noqa: E402
 from simulator.engines import simulate  # noqa: E402
 from traces.schema import Trace  # noqa: E402
-
-BIN = Path(sys.executable).parent
-
-
-class Server:
-    def __init__(self, folder: Path, *overrides: str) -> None:
-        self.folder = folder
-        self.proc = subprocess.Popen(
-            [str(BIN / "fairsim-serve"), "serve.port=0", f"hydra.run.dir={folder}", *overrides],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the first line says where it listens
-        match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
-        assert match, line
-        self.url = f"http://127.0.0.1:{match.group(1)}/v1"
-
-    def stop(self) -> str:
-        self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=60)
-        assert self.proc.returncode == 0, out
-        return out
 
 
 @pytest.fixture
