@@ -1,0 +1,173 @@
+"""`fairsim-bench`, `fairsim-compare` and `fairsim-calibrate` against `fairsim-serve` on
+loopback, bounded in time: a 16-second replay whose every token the server also recorded, the
+same arrivals simulated offline, and a cost model recovered from client-side timings alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+pytest.importorskip("openai")
+
+from conftest import BIN, ROOT, Server  # noqa: E402
+
+# the server's cost model: conf/cost_model/a10g_llama7b.yaml with a per-request prefill term
+# large enough for a 60-request run to identify it (the A10G fit's 0.45 ms is not)
+KNOWN_COST = {
+    "step_overhead": 0.004,
+    "decode_base": 0.01629528795883067,
+    "decode_per_seq": 0.0002449615538388592,
+    "decode_per_context_token": 2.018058626237552e-06,
+    "prefill_per_request": 0.003,
+    "prefill_per_token": 0.00021367273378674318,
+}
+ENGINE = [f"cost_model.{k}={v}" for k, v in KNOWN_COST.items()] + ["policy=fcfs"]
+# one client, short outputs, about 60 requests in 6-8 s; the run ends in about 15 s
+SHORT_CHATS = [
+    "workload=poisson_chat",
+    "workload.clients.0.output.median=60",
+    "workload.clients.0.output.max_value=200",
+    "seed=3",
+]
+# loaded enough that requests queue (TTFT spreads over seconds) and steps vary as a GPU's do
+# (2% step-time jitter, as in docs/validation.md)
+REALISTIC = [
+    *SHORT_CHATS,
+    "workload.duration=6",
+    "workload.clients.0.arrival.rate=10",
+    "engine.step_jitter_cv=0.02",
+]
+# shaped for calibration: bursty arrivals (prefills of 1 to several requests) and a prefill
+# chance every 2 decode steps (many prefill steps, which alone tell the overhead apart)
+CALIBRATION = [
+    *SHORT_CHATS,
+    "workload.duration=12",
+    "workload.clients.0.arrival._target_=traces.Gamma",
+    "workload.clients.0.arrival.rate=8",
+    "+workload.clients.0.arrival.cv=3",
+    "engine.max_wait_tokens=2",
+]
+
+
+def run(command: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(
+        [str(BIN / command), *args], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    if check:
+        assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+@dataclass
+class Runs:
+    bench: Path  # what fairsim-bench measured
+    server: Path  # what fairsim-serve simulated while it was measured
+    offline: Path  # the same workload simulated by `fairsim`
+
+
+def measure(tmp: Path, workload: list[str], offline: bool) -> Runs:
+    """fairsim-bench against fairsim-serve (both with ENGINE), and optionally `fairsim` on
+    the same workload."""
+    engine = [x for x in workload if x.startswith("engine.")]
+    server = Server(tmp / "server", *ENGINE, *engine)
+    try:
+        args = [f"target.url={server.url}", *workload, "progress=false"]
+        run("fairsim-bench", *args, f"hydra.run.dir={tmp / 'bench'}")
+        server.stop()
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    if offline:
+        args = [*workload, *ENGINE, "compare_with=null", "progress=false"]
+        run("fairsim", *args, f"hydra.run.dir={tmp / 'offline'}")
+    return Runs(tmp / "bench", tmp / "server", tmp / "offline")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return measure(tmp_path_factory.mktemp("realistic"), REALISTIC, offline=True)
+
+
+def monotonic_times(folder: Path, times: np.ndarray) -> np.ndarray:
+    """A run's times on the machine's monotonic clock, from the clock its summary records."""
+    clock = json.loads((folder / "summary.json").read_text())["clock"]
+    return clock["started_monotonic"] + (times - clock["time_origin"]) / clock["time_scale"]
+
+
+def test_every_request_is_accounted_for_and_every_token_arrives_when_the_server_simulated_it(
+    runs: Runs,
+):
+    bench = pd.read_parquet(runs.bench / "requests.parquet")
+    assert len(bench) >= 40 and (bench.status == "completed").all()
+    assert (bench.tokens_emitted == bench.output_len).all()
+    assert (bench.reported_tokens == bench.output_len).all()  # the server's usage agrees
+    served = pd.read_parquet(runs.server / "requests.parquet")
+    served["rid"] = served.client_request_id.astype(int)
+    assert sorted(served.rid) == sorted(bench.request_id)  # X-Request-Id joins the records
+    ours = pd.read_parquet(runs.bench / "tokens.parquet")
+    theirs = pd.read_parquet(runs.server / "tokens.parquet").merge(
+        served[["request_id", "rid"]], on="request_id"
+    )
+    both = ours.merge(
+        theirs.drop(columns="request_id").rename(columns={"rid": "request_id"}),
+        on=["request_id", "index"],
+        suffixes=("_measured", "_simulated"),
+    )
+    assert len(both) == len(ours) == len(theirs)
+    late = monotonic_times(runs.bench, both.time_measured.to_numpy()) - monotonic_times(
+        runs.server, both.time_simulated.to_numpy()
+    )
+    print(f"measured - simulated token time: median {1e3 * np.median(late):.2f} ms, "
+          f"p99 {1e3 * np.percentile(late, 99):.2f} ms")  # fmt: skip
+    assert np.median(np.abs(late)) <= 0.005
+    assert np.percentile(np.abs(late), 99) <= 0.020
+
+
+def test_a_live_run_matches_its_offline_simulation_in_distribution(runs: Runs, tmp_path: Path):
+    res = run("fairsim-compare", str(runs.offline), str(runs.bench), "--out", str(tmp_path))
+    assert "inter-token latency" in res.stdout
+    result = json.loads((tmp_path / "comparison.json").read_text())
+    measured = result["latency"]["ttft"]["bench"], result["latency"]["itl"]["bench"]
+    print(f"KS: TTFT {measured[0]['ks']:.3f}, inter-token {measured[1]['ks']:.3f}")
+    assert measured[0]["ks"] <= 0.05 and measured[1]["ks"] <= 0.05
+    assert result["summary"]["bench"]["requests"] == result["summary"]["offline"]["requests"]
+    assert (tmp_path / "cdf.png").stat().st_size > 0
+
+
+def test_calibration_recovers_the_servers_cost_model_from_client_timings(tmp_path: Path):
+    runs = measure(tmp_path / "measured", CALIBRATION, offline=False)
+    res = run("fairsim-calibrate", str(runs.bench), "--out", str(tmp_path))
+    assert "fairsim --config-dir" in res.stdout
+    fitted = yaml.safe_load((tmp_path / "cost_model" / "calibrated.yaml").read_text())
+    for name, truth in KNOWN_COST.items():
+        assert fitted[name] == pytest.approx(truth, rel=0.10), (name, fitted[name], truth)
+    true_model = instantiate({"_target_": "cost_models.LinearStepCost", **KNOWN_COST})
+    model = instantiate(OmegaConf.create(fitted))
+    for batch, context in ((4, 1200), (8, 2500), (16, 5000)):  # typical decode batches
+        assert model.decode_time(batch, context) == pytest.approx(
+            true_model.decode_time(batch, context), rel=0.05
+        )
+    for prompts in ([200], [150, 400]):  # typical prefills
+        assert model.prefill_time(np.array(prompts)) == pytest.approx(
+            true_model.prefill_time(np.array(prompts)), rel=0.05
+        )
+    # fairsim runs the fitted model as written
+    run(
+        "fairsim",
+        "--config-dir",
+        str(tmp_path),
+        "cost_model=calibrated",
+        "workload.duration=5",
+        "compare_with=null",
+        "progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
