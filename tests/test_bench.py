@@ -58,6 +58,10 @@ CALIBRATION = [
 ]
 
 
+TYPICAL_DECODES = ((4, 1200), (8, 2500), (16, 5000))
+TYPICAL_PREFILLS = (np.array([200]), np.array([150, 400]))
+
+
 def run(command: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(
         [str(BIN / command), *args], capture_output=True, text=True, timeout=300, cwd=ROOT
@@ -148,18 +152,19 @@ def test_calibration_recovers_the_servers_cost_model_from_client_timings(tmp_pat
     res = run("fairsim-calibrate", str(runs.bench), "--out", str(tmp_path))
     assert "fairsim --config-dir" in res.stdout
     fitted = yaml.safe_load((tmp_path / "cost_model" / "calibrated.yaml").read_text())
+    errors = {name: fitted[name] / truth - 1 for name, truth in KNOWN_COST.items()}
+    print("fitted / true - 1:", {k: f"{100 * v:+.1f}%" for k, v in errors.items()})
     for name, truth in KNOWN_COST.items():
         assert fitted[name] == pytest.approx(truth, rel=0.10), (name, fitted[name], truth)
     true_model = instantiate({"_target_": "cost_models.LinearStepCost", **KNOWN_COST})
     model = instantiate(OmegaConf.create(fitted))
-    for batch, context in ((4, 1200), (8, 2500), (16, 5000)):  # typical decode batches
-        assert model.decode_time(batch, context) == pytest.approx(
-            true_model.decode_time(batch, context), rel=0.05
-        )
-    for prompts in ([200], [150, 400]):  # typical prefills
-        assert model.prefill_time(np.array(prompts)) == pytest.approx(
-            true_model.prefill_time(np.array(prompts)), rel=0.05
-        )
+    steps = [  # typical decode batches (size, context) and prefills (prompt lengths)
+        *((model.decode_time(b, c), true_model.decode_time(b, c)) for b, c in TYPICAL_DECODES),
+        *((model.prefill_time(p), true_model.prefill_time(p)) for p in TYPICAL_PREFILLS),
+    ]
+    print("typical steps, fitted / true - 1:", [f"{100 * (a / b - 1):+.2f}%" for a, b in steps])
+    for fitted_time, true_time in steps:
+        assert fitted_time == pytest.approx(true_time, rel=0.05)
     # fairsim runs the fitted model as written
     run(
         "fairsim",
