@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SHARED_DATA
+from conftest import ROOT, SHARED_DATA, Server
 
 BIN = Path(sys.executable).parent
 # small scale: runs stop early; a sweep's jobs skip the comparison and the Veeksha files
@@ -31,28 +31,39 @@ NEEDS_DATA = ("etalon_", "servegen", "agentic", "mooncake")  # not shipped: fetc
 PLACEHOLDERS = ("HOST:6379",)
 
 
-def readme_commands() -> list[str]:
-    """The `fairsim*` command lines of the README's bash blocks, comments and line
+def readme_blocks() -> list[list[str]]:
+    """The `fairsim*` command lines of each of the README's bash blocks, comments and line
     continuations removed; from the quick start, the part after the install."""
     text = (ROOT / "README.md").read_text()
-    lines: list[str] = []
+    blocks: list[list[str]] = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        lines: list[str] = []
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             line = line.rsplit("&&", 1)[-1].strip()
             if line.startswith("fairsim"):
                 lines.append(line)
-    return lines
+        blocks.append(lines)
+    return blocks
+
+
+def readme_commands() -> list[str]:
+    return [line for block in readme_blocks() for line in block]
 
 
 def cases() -> list[list[str]]:
-    """One case per command; `fairsim-aggregate` goes with the sweep it reads."""
+    """One case per command; `fairsim-aggregate` goes with the sweep it reads, and a block
+    that measures (`fairsim-bench`) is one case: its later lines read the folders it writes."""
     out: list[list[str]] = []
-    for line in readme_commands():
-        if line.startswith("fairsim-aggregate") and out:
-            out[-1].append(line)
-        else:
-            out.append([line])
+    for block in readme_blocks():
+        if any(line.startswith("fairsim-bench") for line in block):
+            out.append(block)
+            continue
+        for line in block:
+            if line.startswith("fairsim-aggregate") and out:
+                out[-1].append(line)
+            else:
+                out.append([line])
     return out
 
 
@@ -62,12 +73,24 @@ def test_the_readme_has_the_commands_this_test_runs():
     assert len(lines) >= 25 and any(line.startswith("fairsim -m") for line in lines)
 
 
-def scaled(argv: list[str], run_dir: Path) -> list[str]:
+def scaled(argv: list[str], run_dir: Path, target: str | None = None) -> list[str]:
+    """The command at small scale; `target`: the URL of the fairsim-serve a bench measures."""
     program, args = argv[0], argv[1:]
     if program == "fairsim" and "-m" in args:
         return [*argv, *SWEEP_OVERRIDES]
+    named = any(a.startswith("hydra.run.dir=") for a in args)  # later lines read that folder
     if program == "fairsim":
-        return [*argv, *RUN_OVERRIDES, f"hydra.run.dir={run_dir}"]
+        return [*argv, *RUN_OVERRIDES, *([] if named else [f"hydra.run.dir={run_dir}"])]
+    if program == "fairsim-bench":
+        assert target is not None
+        args = [a for a in args if not a.startswith("target.url=")]
+        small = [
+            "workload.duration=6",
+            "workload.clients.0.arrival.rate=3",
+            "progress=false",
+            "workload.clients.0.output.max_value=200",
+        ]
+        return [program, *args, f"target.url={target}", *small]
     if program == "fairsim-serve":
         return [*argv, "serve.port=0", f"hydra.run.dir={run_dir}"]
     if program == "fairsim-capacity":
@@ -88,12 +111,20 @@ def test_a_readme_command_runs_as_written(lines, tmp_path):
         "phase,batch_size,tokens,seconds\nprefill,1,100,0.01\nprefill,4,4000,0.09\n"
         "decode,1,100,0.01\ndecode,8,800,0.012\ndecode,4,4000,0.02\n"
     )
-    for i, line in enumerate(lines):
-        argv = shlex.split(line)
-        argv = scaled(argv, tmp_path / f"run{i}")
-        if argv[0] == "fairsim-serve":  # a server: it must start, answer, and stop on SIGINT
-            serve_until_healthy(argv, work)
-            continue
+    target = Server(tmp_path / "target", "policy=fcfs") if "fairsim-bench" in joined else None
+    try:
+        for i, line in enumerate(lines):
+            run_line(line, work, tmp_path / f"run{i}", target.url if target else None)
+    finally:
+        if target is not None:
+            target.stop()
+
+
+def run_line(line: str, work: Path, run_dir: Path, target: str | None) -> None:
+    argv = scaled(shlex.split(line), run_dir, target)
+    if argv[0] == "fairsim-serve":  # a server: it must start, answer, and stop on SIGINT
+        serve_until_healthy(argv, work)
+    else:
         res = subprocess.run(
             [str(BIN / argv[0]), *argv[1:]],
             cwd=work,
@@ -102,12 +133,12 @@ def test_a_readme_command_runs_as_written(lines, tmp_path):
             timeout=600,
         )
         assert res.returncode == 0, f"{line}\n{res.stderr[-3000:]}"
-        if argv[0] == "fairsim-aggregate":
-            readme = (ROOT / "README.md").read_text()
-            promised = re.search(r"fairsim-aggregate .*?(\w+) plots", readme)
-            plots = sorted(p.name for p in (work / argv[1]).glob("*.png"))
-            words = {"one": 1, "two": 2, "three": 3}
-            assert promised and len(plots) == words[promised.group(1)], plots
+    if argv[0] == "fairsim-aggregate":
+        readme = (ROOT / "README.md").read_text()
+        promised = re.search(r"fairsim-aggregate .*?(\w+) plots", readme)
+        plots = sorted(p.name for p in (work / argv[1]).glob("*.png"))
+        words = {"one": 1, "two": 2, "three": 3}
+        assert promised and len(plots) == words[promised.group(1)], plots
 
 
 def serve_until_healthy(argv: list[str], work: Path) -> None:
