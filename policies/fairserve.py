@@ -48,7 +48,7 @@ from simulator.core.seam import (
     PromptTokens,
     Verdict,
 )
-from traces.schema import Trace
+from traces.schema import LIVE_SOURCE, Trace
 
 CHARGES = ("paper", "completion", "incremental")
 THROTTLES = ("none", "always", "overload")
@@ -148,14 +148,21 @@ class FairServe(LeastServed):
         super().bind(trace)
         self.user = trace.client
         self.app = app_codes(trace)
-        self.interaction, self.call, self.calls = interactions(trace)
+        self.interaction, self.call, _ = interactions(trace)
         self.factor = self._priority_factors(trace)
-        self.token_charge, self.complete_charge = self._prices(trace)
-        self.system_price, self.input_price = self._prompt_prices(trace)
-        self.prompt_done = np.zeros(len(trace), dtype=np.int64)  # prompt tokens charged
-        self.admitted = np.zeros(len(trace), dtype=bool)
+        self._check_app_stats(trace)
+        # live mode: rows are written as requests arrive, so each row is priced on arrival
+        self.live = trace.source == LIVE_SOURCE
+        n = len(trace)
+        self.token_charge, self.complete_charge = np.zeros(n), np.zeros(n)
+        self.system_price, self.input_price = np.zeros(n), np.zeros(n)
+        if not self.live:
+            self._set_prices(np.arange(n))
+        self.prompt_done = np.zeros(n, dtype=np.int64)  # prompt tokens charged
+        self.admitted = np.zeros(n, dtype=bool)
         self.user_arrivals: list[list[float]] = [[] for _ in range(trace.num_clients)]
-        self.app_arrivals: list[list[float]] = [[] for _ in range(int(self.app.max()) + 1)]
+        napps = max(len(trace.app_names), int(self.app.max()) + 1)
+        self.app_arrivals: list[list[float]] = [[] for _ in range(napps)]
         self.throttled: set[int] = set()  # interactions with a throttled call
         # interaction preference: waiting later calls, by whether their interaction has started
         self.started: set[int] = set()  # interactions with an admitted call
@@ -172,62 +179,84 @@ class FairServe(LeastServed):
             factor[trace.client_names.index(name)] = float(e)
         return factor
 
-    def _expected(self, trace: Trace, by_stage: bool) -> np.ndarray:
-        """Per request, the expected (L_I, L_S, L_O) of its app (and stage)."""
-        parts = np.stack(token_parts(trace), axis=1)
+    def _check_app_stats(self, trace: Trace) -> None:
         names = trace.app_names or ("default",)
-        for name in self.app_stats:
+        for name, stats in self.app_stats.items():
             if name not in names:
                 raise ConfigError(f"policy.app_stats: unknown app {name!r}; apps are {list(names)}")
-        key = self.app * (int(self.call.max()) + 1) + self.call if by_stage else self.app
-        _, group = np.unique(key, return_inverse=True)
-        sums = np.zeros((group.max() + 1, 3))
-        np.add.at(sums, group, parts)
-        means = sums / np.bincount(group)[:, None]
-        out = means[group]
-        for name, stats in self.app_stats.items():
-            try:
-                given = [float(stats[k]) for k in ("input", "system", "output")]
-            except KeyError as e:
+            missing = [k for k in ("input", "system", "output") if k not in stats]
+            if missing:
                 raise ConfigError(
-                    f"policy.app_stats[{name}] needs input, system and output, missing {e}"
-                ) from None
-            out[self.app == names.index(name)] = given
+                    f"policy.app_stats[{name}] needs input, system and output, missing {missing}"
+                )
+        unknown = [a for a in names if a not in self.app_stats]
+        if trace.source == LIVE_SOURCE and unknown:
+            raise ConfigError(
+                f"policy.app_stats: live mode needs the expected lengths of every app (the "
+                f"trace's means are unknown before requests arrive); missing {unknown}, e.g. "
+                f"policy.app_stats={{{unknown[0]}: {{input: 200, system: 0, output: 200}}}}"
+            )
+
+    def _set_prices(self, rows: np.ndarray) -> None:
+        """Price these rows: per output token, at completion, per system-prompt and per
+        user-input token (each already times the user's E_i)."""
+        self.token_charge[rows], self.complete_charge[rows] = self._prices(rows)
+        self.system_price[rows], self.input_price[rows] = self._prompt_prices(rows)
+
+    def _expected(self, rows: np.ndarray, by_stage: bool) -> np.ndarray:
+        """Per row, the expected (L_I, L_S, L_O) of its app (and stage): the whole trace's means
+        unless `app_stats` gives them (live mode: it always does)."""
+        trace = self.trace
+        out = np.zeros((rows.shape[0], 3))
+        if not self.live:
+            parts = np.stack(token_parts(trace), axis=1)
+            key = self.app * (int(self.call.max()) + 1) + self.call if by_stage else self.app
+            _, group = np.unique(key, return_inverse=True)
+            sums = np.zeros((group.max() + 1, 3))
+            np.add.at(sums, group, parts)
+            means = sums / np.bincount(group)[:, None]
+            out = means[group][rows]
+        names = trace.app_names or ("default",)
+        for name, stats in self.app_stats.items():
+            given = [float(stats[k]) for k in ("input", "system", "output")]
+            out[self.app[rows] == names.index(name)] = given
         return out
 
-    def _prices(self, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-        """Per request: the charge per output token (the first at admission, the others at
-        their steps) and at completion (each already times E_i)."""
-        li, ls, lo = token_parts(trace)
-        e = self.factor[self.user]
-        zero = np.zeros(len(trace))
+    def _prices(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the charge per output token (the first at admission, the others at their
+        steps) and at completion (each already times E_i)."""
+        li, ls, lo = (x[rows] for x in token_parts(self.trace))
+        e = self.factor[self.user[rows]]
+        zero = np.zeros(rows.shape[0])
         if self.charge_form == "paper":
-            exp = self._expected(trace, by_stage=True)
+            exp = self._expected(rows, by_stage=True)
             w = self.alpha * exp[:, 0] + self.beta * exp[:, 1] + self.gamma * exp[:, 2]
             return e * self.gamma / w, zero
-        exp = self._expected(trace, by_stage=False)
+        exp = self._expected(rows, by_stage=False)
         if self.charge_form == "completion":
             w = exp[:, 0] + exp[:, 1] + 2.0 * exp[:, 2]
             return zero, e * (li + ls + 2.0 * lo) / w
         return e * 2.0 / exp[:, 2], zero
 
-    def _prompt_prices(self, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-        """Per request, the price of one system-prompt token and of one user-input token (the
+    def _prompt_prices(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the price of one system-prompt token and of one user-input token (the
         system prompt comes first)."""
-        e = self.factor[self.user]
-        zero = np.zeros(len(trace))
+        e = self.factor[self.user[rows]]
+        zero = np.zeros(rows.shape[0])
         if self.charge_form == "paper":
-            exp = self._expected(trace, by_stage=True)
+            exp = self._expected(rows, by_stage=True)
             w = self.alpha * exp[:, 0] + self.beta * exp[:, 1] + self.gamma * exp[:, 2]
             return e * self.beta / w, e * self.alpha / w
         if self.charge_form == "completion":
             return zero, zero
-        exp = self._expected(trace, by_stage=False)
+        exp = self._expected(rows, by_stage=False)
         per_system = np.divide(e, exp[:, 1], out=zero.copy(), where=exp[:, 1] > 0)
         return per_system, np.divide(e, exp[:, 0], out=zero.copy(), where=exp[:, 0] > 0)
 
     # ---- hooks --------------------------------------------------------------------------
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
+        if self.live:  # its row was written just now
+            self._set_prices(np.array([req]))
         u = int(self.user[req])
         self._appears(u)
         self.user_arrivals[u].append(now)

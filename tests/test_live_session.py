@@ -33,13 +33,13 @@ def run_live(session: LiveSession, requests, seed: int) -> dict[int, list[float]
     is streamed."""
     rng = np.random.default_rng(seed + 1)
     streamed: dict[int, list[float]] = {}
-    for t, client, prompt, output in requests:
+    for t, client, prompt, output, *more in requests:  # more: interaction fields, if any
         while session.now < t:  # advance in random slices, never past the next arrival
             session.advance(min(t, session.now + float(rng.uniform(0.0, 0.3))))
             for e in session.emitted():
                 assert all(x < session.now for x in e.times)  # nothing from the future
                 streamed.setdefault(e.row, []).extend(e.times)
-        session.submit(client, prompt, output, t)
+        session.submit(client, prompt, output, t, **(more[0] if more else {}))
     horizon = max(session.next_event(), session.now)
     while horizon < np.inf:
         session.advance(horizon + 1e-9)
@@ -93,7 +93,12 @@ def test_a_request_no_engine_can_run_is_refused_at_once():
 def test_bad_use_is_refused_clearly():
     from policies.fairserve import FairServe
 
+    class Custom(FCFS):
+        name = "custom"
+
     with pytest.raises(ConfigError, match="not supported in live mode"):
+        LiveSession(Custom(), COST, SLoRAConfig())
+    with pytest.raises(ConfigError, match="live mode needs the expected lengths of every app"):
         LiveSession(FairServe(), COST, SLoRAConfig())
     with pytest.raises(ConfigError, match="horizon"):
         LiveSession(FCFS(), COST, SLoRAConfig(horizon=10.0))
@@ -149,3 +154,36 @@ def test_a_live_cluster_is_the_offline_run_of_its_arrivals(dispatcher):
     for row in range(len(requests)):
         assert streamed.get(row, []) == times[rows == row].tolist()
     assert set(live.request_columns["replica"].tolist()) == {0, 1}
+
+
+def test_fairserve_live_throttles_and_charges_as_an_offline_run_of_its_arrivals():
+    """FairServe in a live run (expected lengths from app_stats, users in two apps, calls
+    naming their interactions): the same throttling, drops and token timeline as offline."""
+    from policies.fairserve import FairServe
+
+    rng = np.random.default_rng(5)
+    requests, t = [], 0.0
+    for key in range(70):  # interactions of 1 to 3 calls by three users
+        user = int(rng.integers(3))
+        for call in range(int(rng.integers(1, 4))):
+            t += float(rng.exponential(0.04))
+            more = {"interaction": key, "call_index": call, "system_prompt_len": 30}
+            requests.append((round(t, 2), user, int(rng.integers(50, 600)),
+                             int(rng.integers(20, 200)), more))  # fmt: skip
+    stats = {"input": 300.0, "system": 30.0, "output": 100.0}
+    make = lambda: FairServe(app_stats={"chat": stats, "code": stats}, user_limit=4, window=5.0)  # noqa: E731
+    engine = SLoRAConfig(pool_tokens=4000)
+    session = LiveSession(make(), COST, engine, clients=CLIENTS, capacity=400,
+                          client_apps=("chat", "chat", "code"))  # fmt: skip
+    streamed = run_live(session, sorted(requests, key=lambda r: r[0]), 5)
+    live = session.close()
+    offline = simulate(session.arrivals(), make(), COST, engine)
+    assert live.status.tolist() == offline.status.tolist()
+    assert live.reason.tolist() == offline.reason.tolist()
+    for a, b in zip(live.token_times(), offline.token_times(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    reasons = set(live.reason[live.status == 1].tolist())
+    assert {"user_limit", "interaction_throttled"} <= reasons, reasons  # overload throttled
+    rows, _, times = live.token_times()
+    for row in range(len(requests)):
+        assert streamed.get(row, []) == times[rows == row].tolist()

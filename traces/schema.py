@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 
 OPTIONAL_INT_COLUMNS = ("interaction_id", "call_index", "num_calls", "system_prompt_len")
+# the source of a live session's trace (simulator/engines/live.py): its rows are written as
+# requests arrive, so nothing per row can be derived from it up front
+LIVE_SOURCE = "<live>"
 
 
 class TraceError(ValueError):

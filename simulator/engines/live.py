@@ -8,8 +8,9 @@ submitted, so the timeline is exactly that of an offline run of the same arrival
 (`arrivals()` gives them as a trace). `emitted()` reports, per request, the simulated times of
 the tokens it produced since the last call, and whether it has ended.
 
-Policies must not derive per-row data from the trace when they bind (FairServe and the
-interaction-aware RPM do: they are refused), since the rows are empty then.
+A request may name its interaction (any key), its call index in it and its system-prompt
+length; clients may belong to apps (`client_apps`). The trace's source is `LIVE_SOURCE`, which
+tells a policy that derives per-row data at bind (FairServe's prices) to derive it on arrival.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ from simulator.core.timeline import Timeline
 from simulator.engines.dispatch import ClusterConfig
 from simulator.engines.runner import Runner
 from simulator.engines.step_model import EngineConfig
-from traces.schema import Trace
+from traces.schema import LIVE_SOURCE, Trace
 
-# policies whose bind() reads nothing per row beyond views of the trace
-LIVE_POLICIES = ("fcfs", "rpm", "priority", "lcf", "vtc", "vtc_oracle", "vtc_predict", "drr")
+# policies that read per-row data only through views of the trace, or on arrival
+LIVE_POLICIES = (
+    "fcfs", "rpm", "priority", "lcf", "vtc", "vtc_oracle", "vtc_predict", "drr",
+    "fairserve", "fairserve_custom", "fs_w", "fs_wl", "fs_wo", "rpm_interaction",
+)  # fmt: skip
 
 
 class CapacityError(RuntimeError):
@@ -58,7 +62,9 @@ class LiveSession:
         clients: tuple[str, ...] = ("default",),
         weights: tuple[float, ...] | None = None,
         capacity: int = 100_000,
+        client_apps: tuple[str, ...] | None = None,
     ) -> None:
+        """`client_apps`: each client's app (FairServe's app limits), or None: no apps."""
         if policy.name not in LIVE_POLICIES:
             raise ConfigError(
                 f"policy {policy.name!r} is not supported in live mode; accepted: "
@@ -69,15 +75,27 @@ class LiveSession:
         if engine.horizon is not None:
             raise ConfigError("engine.horizon must be null in live mode (the clients end it)")
         w = np.ones(len(clients)) if weights is None else np.asarray(weights, dtype=np.float64)
+        apps: dict[str, object] = {}
+        if client_apps is not None:
+            if len(client_apps) != len(clients):
+                raise ValueError("client_apps needs one app per client")
+            names = tuple(dict.fromkeys(client_apps))
+            self._app_of = np.array([names.index(a) for a in client_apps], dtype=np.int64)
+            apps = {"app": np.zeros(capacity, dtype=np.int64), "app_names": names}
+        rows = np.arange(capacity, dtype=np.int64)
         empty = Trace(
-            request_id=np.arange(capacity, dtype=np.int64),
+            request_id=rows,
             client=np.zeros(capacity, dtype=np.int64),
             arrival=np.full(capacity, np.inf),  # rows not yet arrived
             prompt_len=np.ones(capacity, dtype=np.int64),
             output_len=np.ones(capacity, dtype=np.int64),
             client_names=tuple(clients),
             client_weight=w,
-            source="<live>",
+            interaction_id=-1 - rows,  # each request its own interaction unless it names one
+            call_index=np.zeros(capacity, dtype=np.int64),
+            system_prompt_len=np.zeros(capacity, dtype=np.int64),
+            source=LIVE_SOURCE,
+            **apps,  # type: ignore[arg-type]
         )
         self.runner = Runner(empty, policy, cost, engine, cluster, pushed=True)
         self.capacity, self.count = capacity, 0
@@ -89,8 +107,18 @@ class LiveSession:
         """Every arrival before this simulated time has been submitted."""
         return float(self.runner.frontier)
 
-    def submit(self, client: int, prompt_len: int, output_len: int, arrival: float) -> int:
-        """A request arrives at `arrival` (>= `now`); its row."""
+    def submit(
+        self,
+        client: int,
+        prompt_len: int,
+        output_len: int,
+        arrival: float,
+        interaction: int | None = None,
+        call_index: int = 0,
+        system_prompt_len: int = 0,
+    ) -> int:
+        """A request arrives at `arrival` (>= `now`); its row. `interaction`: a key >= 0 shared
+        by the calls of one interaction (None: its own), `call_index` its place in it."""
         if self.count >= self.capacity:
             raise CapacityError(f"the live session is full ({self.capacity} requests)")
         if not 0 <= client < len(self.runner.trace.client_names):
@@ -99,8 +127,19 @@ class LiveSession:
             raise ValueError("prompt_len and output_len must be >= 1")
         if not arrival >= self.now:
             raise ValueError(f"arrival {arrival} s is before the session's time {self.now} s")
+        if (interaction is not None and interaction < 0) or call_index < 0:
+            raise ValueError("interaction keys and call indices are integers >= 0")
+        if not 0 <= system_prompt_len <= prompt_len:
+            raise ValueError("system_prompt_len must be in 0 .. prompt_len")
         row = self.count
-        self.runner.trace.arrival[row] = arrival
+        trace = self.runner.trace
+        trace.arrival[row] = arrival
+        if interaction is not None:
+            trace.interaction_id[row] = interaction  # type: ignore[index]
+        trace.call_index[row] = call_index  # type: ignore[index]
+        trace.system_prompt_len[row] = system_prompt_len  # type: ignore[index]
+        if trace.app is not None:
+            trace.app[row] = self._app_of[client]
         self.runner.fill_row(row, client, prompt_len, output_len)
         self.runner.push([row], [arrival])
         self.count += 1
@@ -168,4 +207,5 @@ class LiveSession:
     def arrivals(self) -> Trace:
         """The requests submitted so far as a trace: an offline run of it (same configuration)
         gives this session's timeline."""
-        return self.runner.trace.take(np.arange(self.count))
+        trace = self.runner.trace.take(np.arange(self.count))
+        return dataclasses.replace(trace, source="<live session arrivals>")
