@@ -290,3 +290,50 @@ def test_a_tokenizer_that_cannot_be_found_is_a_one_line_error(tmp_path: Path):
     assert res.returncode == 2
     assert "serve.tokenizer='no_such_module:count'" in res.stderr
     assert "accepted: 'module:function'" in res.stderr
+
+
+FAIRSERVE = (
+    "policy=fairserve",
+    "policy.throttle=always",  # FS(W+L): the limits are checked at every arrival
+    "policy.user_limit=2",
+    "policy.app_stats={chat: {input: 50, system: 10, output: 20},"
+    " default: {input: 50, system: 0, output: 20}}",
+    "serve.apps={chat: [alice]}",
+)
+
+
+@pytest.mark.parametrize("server", [FAIRSERVE], indirect=True)
+def test_fairserve_throttles_live_calls_by_user_and_interaction(server: Server):
+    """Calls name their interaction in headers; alice's third first call within the window
+    breaks the user limit (429), a later call of that interaction is dropped (429), and a later
+    call of an admitted interaction is served."""
+
+    async def call(interaction: str, index: int) -> str:
+        headers = {"X-Interaction-Id": interaction, "X-Call-Index": str(index),
+                   "X-System-Prompt-Tokens": "10", "X-Client-Id": "alice"}  # fmt: skip
+        try:
+            await client(server).completions.create(
+                model="fairsim", prompt=list(range(40)), max_tokens=3, extra_headers=headers
+            )
+        except openai.RateLimitError as err:
+            return str(err)
+        return "served"
+
+    async def scenario() -> list[str]:
+        return [await call(key, i) for key, i in (("a", 0), ("b", 0), ("c", 0), ("c", 1), ("a", 1))]
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes[:2] == ["served", "served"] and outcomes[4] == "served"
+    assert "user_limit" in outcomes[2] and "interaction_throttled" in outcomes[3]
+    server.stop()
+    requests = pd.read_parquet(server.folder / "requests.parquet")
+    assert requests.reason.fillna("").tolist() == [
+        "",
+        "",
+        "user_limit",
+        "interaction_throttled",
+        "",
+    ]
+    assert requests.app.astype(str).unique().tolist() == ["chat"]
+    assert requests.call_index.tolist() == [0, 0, 0, 1, 1]
+    assert requests.system_prompt_len.tolist() == [10] * 5

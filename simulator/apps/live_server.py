@@ -22,7 +22,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,31 @@ class RequestError(Exception):
             "error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}
         }
         return web.json_response(body, status=self.status, headers=self.headers)
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """Where a request sits in a multi-call interaction (FairServe), from its headers:
+    X-Interaction-Id, X-Call-Index, X-System-Prompt-Tokens."""
+
+    interaction: str | None = None  # None: the request is an interaction of its own
+    call_index: int = 0
+    system_prompt_tokens: int = 0
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str]) -> CallInfo:
+        numbers = {}
+        for header, name in (
+            ("X-Call-Index", "call_index"),
+            ("X-System-Prompt-Tokens", "system_prompt_tokens"),
+        ):
+            text = headers.get(header, "0")
+            if not text.isdigit():
+                raise RequestError(
+                    400, f"{header} must be an integer >= 0, got {text!r}", "invalid_request_error"
+                )
+            numbers[name] = int(text)
+        return cls(headers.get("X-Interaction-Id"), **numbers)
 
 
 @dataclass
@@ -117,6 +142,7 @@ class LiveEngine:
         self.session, self.clock = session, SimClock(time_scale)
         self.clients, self.free_slots = clients, free_slots  # client name -> slot of the session
         self.streams: dict[int, Stream] = {}
+        self.interactions: dict[str, int] = {}  # X-Interaction-Id -> the session's key
         self.finished: list[Stream] = []
         self.wake = asyncio.Event()
         self.stopped = False
@@ -136,11 +162,25 @@ class LiveEngine:
     def waiting(self) -> int:
         return sum(len(q) for q in {id(q): q for q in self.session.runner.queues}.values())
 
-    def submit(self, client: str, prompt_tokens: int, max_tokens: int) -> Stream:
+    def submit(
+        self, client: str, prompt_tokens: int, max_tokens: int, call: CallInfo | None = None
+    ) -> Stream:
         session = self.session
         now = max(self.clock.now(), session.now)
+        call = call or CallInfo()
+        interaction = None
+        if call.interaction is not None:  # the client's key, as a number of this session
+            interaction = self.interactions.setdefault(call.interaction, len(self.interactions))
         try:
-            row = session.submit(self.slot(client), prompt_tokens, max_tokens, now)
+            row = session.submit(
+                self.slot(client),
+                prompt_tokens,
+                max_tokens,
+                now,
+                interaction,
+                call.call_index,
+                min(call.system_prompt_tokens, prompt_tokens),
+            )
         except CapacityError as err:
             raise RequestError(503, str(err), "server_error") from err
         stream = Stream(row, client, prompt_tokens, max_tokens)
@@ -350,7 +390,7 @@ def make_app(
                     "rate_limit_error",
                     **{"Retry-After": "1"},
                 )
-            stream = engine.submit(client, prompt, max_tokens)
+            stream = engine.submit(client, prompt, max_tokens, CallInfo.of(request.headers))
             stream.client_request_id = request.headers.get("X-Request-Id")
             first = await _first_event(stream)
         except RequestError as err:

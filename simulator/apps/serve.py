@@ -57,6 +57,7 @@ class ServeConfig:
     model: str = "fairsim"  # the model name /v1/models lists
     clients: dict[str, float] | None = None  # known clients and their weights
     api_keys: dict[str, str] | None = None  # API key -> client (then unknown keys get 401)
+    apps: dict[str, list[str]] | None = None  # app -> its clients (FairServe); others: default
     max_clients: int = 64  # distinct clients a session can hold (known ones included)
     capacity: int = 100_000  # requests a session can hold
     grace: float = 5.0  # seconds in-flight streams get to finish at shutdown
@@ -66,6 +67,9 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self.clients, self.api_keys = dict(self.clients or {}), dict(self.api_keys or {})
+        members = [c for group in (self.apps or {}).values() for c in group]
+        if len(members) != len(set(members)):
+            raise ConfigError(f"serve.apps={self.apps!r}: a client belongs to one app at most")
         if self.host not in LOOPBACK:
             raise ConfigError(f"serve.host={self.host!r}: accepted: {', '.join(LOOPBACK)}")
         checks = (
@@ -74,8 +78,8 @@ class ServeConfig:
             ("max_waiting", self.max_waiting >= 1, "an integer >= 1"),
             (
                 "max_clients",
-                self.max_clients >= max(1, len(self.clients) + 1),
-                "more than the known clients",
+                self.max_clients >= len({*self.clients, *members, "default"}),
+                "at least the known clients (serve.clients, serve.apps, default)",
             ),
             ("capacity", self.capacity >= 1, "an integer >= 1"),
             ("grace", self.grace >= 0, "a number >= 0"),
@@ -101,11 +105,14 @@ def build(cfg: DictConfig) -> tuple[ServeConfig, LiveEngine, LiveSession]:
     serve = build_block(cfg, "serve", ServeConfig)
     policy, cost, engine, cluster = instantiate_parts(cfg)
     known = dict(serve.clients or {})
-    known.setdefault("default", 1.0)
+    app_of = {c: app for app, members in (serve.apps or {}).items() for c in members}
+    for name in [*app_of, "default"]:  # an app's members hold slots from the start
+        known.setdefault(name, 1.0)
     names = [*known, *(f"<slot {k}>" for k in range(serve.max_clients - len(known)))]
     weights = [*known.values(), *([1.0] * (len(names) - len(known)))]
+    apps = tuple(app_of.get(n, "default") for n in names) if serve.apps else None
     session = LiveSession(
-        policy, cost, engine, cluster, tuple(names), tuple(weights), serve.capacity
+        policy, cost, engine, cluster, tuple(names), tuple(weights), serve.capacity, apps
     )
     clients = {name: i for i, name in enumerate(known)}
     live = LiveEngine(session, serve.time_scale, clients, list(range(len(known), len(names))))
