@@ -40,11 +40,16 @@ SHORT_CHATS = [
 ]
 # loaded enough that requests queue (TTFT spreads over seconds) and steps vary as a GPU's do
 # (2% step-time jitter, as in docs/validation.md)
+# Run at half speed: the loopback's write and read jitter (about 1 ms of wall time, more when
+# the machine is busy) is then half that in simulated time, below the steps' own jitter, which
+# the inter-token distribution's KS statistic would otherwise see (0.035-0.085 at full speed).
 REALISTIC = [
     *SHORT_CHATS,
     "workload.duration=6",
     "workload.clients.0.arrival.rate=10",
     "engine.step_jitter_cv=0.02",
+    "serve.time_scale=0.5",
+    "target.time_scale=0.5",
 ]
 # shaped for calibration: bursty arrivals (prefills of 1 to several requests) and a prefill
 # chance every 2 decode steps (many prefill steps, which alone tell the overhead apart)
@@ -81,8 +86,9 @@ class Runs:
 def measure(tmp: Path, workload: list[str], offline: bool) -> Runs:
     """fairsim-bench against fairsim-serve (both with ENGINE), and optionally `fairsim` on
     the same workload."""
-    engine = [x for x in workload if x.startswith("engine.")]
-    server = Server(tmp / "server", *ENGINE, *engine)
+    served = [x for x in workload if x.startswith(("engine.", "serve."))]
+    server = Server(tmp / "server", *ENGINE, *served)
+    workload = [x for x in workload if not x.startswith("serve.")]
     try:
         args = [f"target.url={server.url}", *workload, "progress=false"]
         run("fairsim-bench", *args, f"hydra.run.dir={tmp / 'bench'}")
@@ -91,6 +97,7 @@ def measure(tmp: Path, workload: list[str], offline: bool) -> Runs:
         if server.proc.poll() is None:
             server.proc.kill()
     if offline:
+        workload = [x for x in workload if not x.startswith("target.")]
         args = [*workload, *ENGINE, "compare_with=null", "progress=false"]
         run("fairsim", *args, f"hydra.run.dir={tmp / 'offline'}")
     return Runs(tmp / "bench", tmp / "server", tmp / "offline")
