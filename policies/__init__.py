@@ -4,15 +4,18 @@ from policies.base import BasePolicy
 from policies.drr import DRR
 from policies.fairserve import FairServe, RPMInteraction
 from policies.fcfs import FCFS
+from policies.lpm import DLPM, LPM
 from policies.priority import Priority
 from policies.rpm import RPM
 from policies.vtc import LCF, VTC
 from simulator.core.seam import Policy
 
 __all__ = [
+    "DLPM",
     "DRR",
     "FCFS",
     "LCF",
+    "LPM",
     "RPM",
     "VTC",
     "BasePolicy",

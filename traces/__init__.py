@@ -7,6 +7,7 @@ from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
 from traces.loaders import load, load_azure, load_mooncake, load_table, load_vidur, load_vtc_real
 from traces.mixes import arena_like, servegen_like
 from traces.multiapp import AbusiveUsers, AppSpec, MultiAppWorkload
+from traces.prefix_mix import PrefixHeavyMix
 from traces.replay import LengthsWorkload, Tenants, TraceWorkload
 from traces.schema import Trace, TraceError
 from traces.servegen import ServeGenPool
@@ -23,6 +24,7 @@ from traces.transforms import (
 from traces.vtc_suites import ArtifactSuite, VTCRealTrace
 
 __all__ = [
+    "PrefixHeavyMix",
     "AbusiveUsers",
     "AppSpec",
     "MultiAppWorkload",

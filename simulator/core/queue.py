@@ -61,6 +61,11 @@ class WaitingQueue:
     def has_waiting(self, client: int) -> bool:
         return bool(self._lanes.get(client))
 
+    def in_order(self, limit: int | None = None) -> list[int]:
+        """The waiting requests in queue order (FCFS): all, or the first `limit`."""
+        seqs = sorted(self._request) if limit is None else heapq.nsmallest(limit, self._request)
+        return [self._request[seq] for seq in seqs]
+
     def waiting_clients(self) -> list[int]:
         """Clients with at least one waiting request, in client-index order."""
         return sorted(c for c, lane in self._lanes.items() if lane)

@@ -20,6 +20,11 @@ answers a few questions. For every request, on the replica that serves it:
 plus `bind(trace)` before the run. A policy declares which charge events it uses (`charged`),
 so engines build none of the others: FCFS declares none and costs nothing per step.
 
+A locality-aware policy (LPM, DLPM) also sees its replica's prefix cache: an engine that keeps
+one (`engine=vllm` with prefix caching) hands each replica's policy a `PrefixCacheView` through
+`see_prefix_cache(view)` when the policy defines it, so the policy looks matches up in the
+engine's block cache instead of recomputing them.
+
 Counter reporting is a separate interface: a policy with per-client counters (`CounterPolicy`)
 gives its change log after the run, and only such a policy can be shared by every replica of a
 cluster under `global_vtc`.
@@ -118,6 +123,14 @@ class Policy(Protocol):
 
     def victim(self, running: list[int]) -> int:
         """Which running request (listed in admission order) a preempting engine evicts."""
+        ...
+
+
+class PrefixCacheView(Protocol):
+    """One replica's prefix cache, as a policy sees it."""
+
+    def cached_tokens(self, req: int) -> int:
+        """Prompt tokens of waiting request `req` that the cache holds now (its longest match)."""
         ...
 
 

@@ -186,6 +186,9 @@ class VLLMReplica:
         self._prompt, self._output = self.state.prompt, self.state.output
         self.charge_prompt = PromptTokens in policy.charged
         self.charge_output = OutputTokens in policy.charged
+        see = getattr(policy, "see_prefix_cache", None)
+        if see is not None:  # a locality-aware policy looks matches up in this replica's cache
+            see(self)
         self.running: list[int] = []
         self.now = 0.0
         self.steps = StepRecorder()
@@ -278,6 +281,11 @@ class VLLMReplica:
             "cached_tokens": np.asarray(self.req.cached_tokens, dtype=np.int64),
             "recompute_avoided_tokens": np.asarray(self.req.recompute_avoided, dtype=np.int64),
         }
+
+    def cached_tokens(self, req: int) -> int:
+        """The prompt tokens of `req` this replica's cache holds now (`PrefixCacheView`)."""
+        total = self._prompt[req] + self.state.generated[req]  # a resumed request: all of it
+        return self.pool.cached_prefix(self.keys(req), total) * self.cfg.block_size
 
     def keys(self, req: int) -> list[int]:
         if not self.pool.caching or self.trace.block_hashes is None:
