@@ -83,9 +83,9 @@ class PrefixHeavyMix:
             rng = np.random.default_rng(streams[self.shared_clients + j])
             for start in self._starts(rng):
                 prompt = self._length(rng, self.unique_prompt)
-                ids = np.array([next(fresh) for _ in range(self._blocks(prompt))])
+                fresh_ids = np.array([next(fresh) for _ in range(self._blocks(prompt))])
                 out = self._length(rng, self.output_tokens)
-                rows.append((f"unique{j}", start, prompt, out, next(conversation), 0, ids))
+                rows.append((f"unique{j}", start, prompt, out, next(conversation), 0, fresh_ids))
         if not rows:
             raise TraceError(f"workload '{self.name}': no request in {self.duration} s")
         rows.sort(key=lambda r: (r[1], r[4], r[5]))
