@@ -5,6 +5,8 @@ than VTC on the prefix-heavy mix."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -141,3 +143,19 @@ def test_dlpm_serves_more_than_vtc_on_the_prefix_heavy_mix():
           f"prefix hit rate VTC {hits['vtc']:.2f}, DLPM {hits['dlpm']:.2f}")  # fmt: skip
     assert hits["dlpm"] > hits["vtc"] + 0.2
     assert rate["dlpm"] > 1.2 * rate["vtc"]
+
+
+def test_the_policy_table_puts_the_locality_policies_beside_vtc_with_the_papers_figure(
+    capsys, tmp_path
+):
+    from simulator.apps.policy_table import main
+
+    rows = tmp_path / "rows.json"
+    args = ["--policy", "vtc", "--policy", "lpm", "--policy", "dlpm", "--json", str(rows)]
+    main([*args, "workload.duration=20"])
+    out = capsys.readouterr().out
+    dlpm_line = next(line for line in out.splitlines() if line.startswith("dlpm"))
+    assert "<=2.87x" in dlpm_line  # the paper's figure beside the measured ratio
+    measured = json.loads(rows.read_text())
+    hit = {k: v["prefix_hit_rate"] for k, v in measured.items()}
+    assert hit["lpm"] >= hit["dlpm"] > hit["vtc"]  # locality: LPM, then DLPM, then VTC
