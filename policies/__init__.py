@@ -1,5 +1,6 @@
 """Scheduling policies, one module per family, on the seam of simulator/core/seam.py."""
 
+from policies.andes import Andes
 from policies.base import BasePolicy
 from policies.drr import DRR
 from policies.fairserve import FairServe, RPMInteraction
@@ -11,6 +12,7 @@ from policies.vtc import LCF, VTC
 from simulator.core.seam import Policy
 
 __all__ = [
+    "Andes",
     "DLPM",
     "DRR",
     "FCFS",

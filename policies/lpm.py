@@ -29,7 +29,7 @@ Where I had to choose:
   U = max(w_p L_input, w_q M), the VTC paper's U with M the KV pool), so their service differs
   by at most 2 (U + Q).
 
-The cache is the engine's (`PrefixCacheView`, engine=vllm with prefix caching); one policy per
+The cache is the engine's (`ReplicaView`, engine=vllm with prefix caching); one policy per
 replica, so behind a dispatcher these need a per-replica queue.
 """
 
@@ -41,7 +41,7 @@ from policies.base import BasePolicy
 from policies.drr import DRR
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.seam import Admission, PrefixCacheView, Verdict
+from simulator.core.seam import Admission, ReplicaView, Verdict
 from traces.schema import Trace
 
 # waiting requests LPM ranks by match, oldest first: SGLang ranks up to 128 and falls back to
@@ -53,9 +53,9 @@ class PrefixAware:
     """The replica's prefix cache, seen by a locality-aware policy."""
 
     name: str
-    cache: PrefixCacheView | None = None
+    cache: ReplicaView | None = None
 
-    def see_prefix_cache(self, view: PrefixCacheView) -> None:
+    def see_replica(self, view: ReplicaView) -> None:
         if self.cache is not None and self.cache is not view:
             raise ConfigError(
                 f"policy {self.name} keeps one queue per replica: use a per-replica dispatcher "

@@ -140,7 +140,7 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["policy=nope"], "policy=nope: no such config; accepted: dlpm, drr, fairserve, fcfs"),
+        (["policy=nope"], "policy=nope: no such config; accepted: andes, dlpm, drr, fairserve"),
         (["no_such_key=1"], "Could not override 'no_such_key'"),
         (["engine.pool_tokens=-5"], "engine.pool_tokens must be an integer >= 1"),
         (["engine.pool_tokens=10k"], "engine.pool_tokens='10k': expected an integer"),

@@ -20,10 +20,12 @@ answers a few questions. For every request, on the replica that serves it:
 plus `bind(trace)` before the run. A policy declares which charge events it uses (`charged`),
 so engines build none of the others: FCFS declares none and costs nothing per step.
 
-A locality-aware policy (LPM, DLPM) also sees its replica's prefix cache: an engine that keeps
-one (`engine=vllm` with prefix caching) hands each replica's policy a `PrefixCacheView` through
-`see_prefix_cache(view)` when the policy defines it, so the policy looks matches up in the
-engine's block cache instead of recomputing them.
+A policy that needs the replica's state (the prefix-locality policies, Andes) defines
+`see_replica(view)`: `engine=vllm` hands each replica's policy a `ReplicaView` (prefix-cache
+matches, KV use) when it builds the replica, so the policy reads the engine's own block cache
+instead of recomputing it. A policy that preempts by its own choice (Andes) also defines
+`reschedule(running, queue, now)`: before each step the engine preempts the running requests it
+returns (and then steps one at a time, since that choice may change at any step).
 
 Counter reporting is a separate interface: a policy with per-client counters (`CounterPolicy`)
 gives its change log after the run, and only such a policy can be shared by every replica of a
@@ -126,11 +128,18 @@ class Policy(Protocol):
         ...
 
 
-class PrefixCacheView(Protocol):
-    """One replica's prefix cache, as a policy sees it."""
+class ReplicaView(Protocol):
+    """One replica's memory, as a policy sees it (engine=vllm)."""
+
+    block_size: int  # tokens per KV block
 
     def cached_tokens(self, req: int) -> int:
-        """Prompt tokens of waiting request `req` that the cache holds now (its longest match)."""
+        """Prompt tokens of waiting request `req` that the prefix cache holds now (its longest
+        match)."""
+        ...
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """(blocks in use, blocks in the pool)."""
         ...
 
 

@@ -186,9 +186,13 @@ class VLLMReplica:
         self._prompt, self._output = self.state.prompt, self.state.output
         self.charge_prompt = PromptTokens in policy.charged
         self.charge_output = OutputTokens in policy.charged
-        see = getattr(policy, "see_prefix_cache", None)
-        if see is not None:  # a locality-aware policy looks matches up in this replica's cache
+        see = getattr(policy, "see_replica", None)
+        if see is not None:  # the policy reads this replica's cache and memory
             see(self)
+        # a policy that preempts by its own choice (Andes) decides before every step
+        self.reschedule = getattr(policy, "reschedule", None)
+        if self.reschedule is not None:
+            self.fast_forward = False
         self.running: list[int] = []
         self.now = 0.0
         self.steps = StepRecorder()
@@ -282,8 +286,16 @@ class VLLMReplica:
             "recompute_avoided_tokens": np.asarray(self.req.recompute_avoided, dtype=np.int64),
         }
 
+    @property
+    def block_size(self) -> int:
+        return self.cfg.block_size
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """(blocks in use, blocks in the pool) (`ReplicaView`)."""
+        return self.pool.used, self.pool.num_blocks
+
     def cached_tokens(self, req: int) -> int:
-        """The prompt tokens of `req` this replica's cache holds now (`PrefixCacheView`)."""
+        """The prompt tokens of `req` this replica's cache holds now (`ReplicaView`)."""
         total = self._prompt[req] + self.state.generated[req]  # a resumed request: all of it
         return self.pool.cached_prefix(self.keys(req), total) * self.cfg.block_size
 
@@ -313,6 +325,11 @@ class VLLMReplica:
         rows: list[int] = []
         new: list[int] = []
         preempted = 0
+        chosen = 0  # preemptions the policy chose (admission still follows them)
+        if self.reschedule is not None and running and len(self.queue):
+            for victim in self.reschedule(list(running), self.queue, self.now):
+                self._preempt(victim, running.index(victim))
+                chosen += 1
         i = 0
         n_run = len(running)
         known = 0  # leading rows known to be plain decodes
@@ -345,9 +362,9 @@ class VLLMReplica:
             budget = self._admit(rows, new, budget)
         if not rows:
             if preempted and running:  # an empty step: decide again, with fewer running
-                return self._schedule(carried + preempted)
+                return self._schedule(carried + preempted + chosen)
             return None
-        return self._timed(rows, new, preempted + carried, known)
+        return self._timed(rows, new, preempted + chosen + carried, known)
 
     def _make_room(
         self, r: int, n: int, i: int, rows: list[int], new: list[int], budget: int
