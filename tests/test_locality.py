@@ -159,3 +159,66 @@ def test_the_policy_table_puts_the_locality_policies_beside_vtc_with_the_papers_
     measured = json.loads(rows.read_text())
     hit = {k: v["prefix_hit_rate"] for k, v in measured.items()}
     assert hit["lpm"] >= hit["dlpm"] > hit["vtc"]  # locality: LPM, then DLPM, then VTC
+
+
+class FakeReplica:
+    """What D2LPM reads of a replica: its cache's match for a request, the work it brings."""
+
+    def __init__(self, matches: dict[int, int]) -> None:
+        self.matches = matches
+
+    def cached_tokens(self, req: int) -> int:
+        return self.matches.get(req, 0)
+
+    def remaining_tokens(self, req: int) -> int:
+        return 5000
+
+
+def test_d2lpm_follows_the_cache_among_replicas_in_load_credit():
+    from simulator.engines.dispatch import D2LPM
+
+    dispatcher = D2LPM(2, [0] * 60)
+    replicas = [FakeReplica({}), FakeReplica({r: 4000 for r in range(60)})]  # 1 caches all
+    routes = [dispatcher.route(r, replicas) for r in range(60)]  # type: ignore[arg-type]
+    # on replica 1 a request is 1,000 tokens of work, on replica 0 5,000: replica 1 takes
+    # requests until its credit is spent, then replica 0 takes some, and the work each was
+    # charged stays within a quantum (plus a request) of the other's
+    assert routes[:16] == [1] * 16 and 0 in routes
+    work = [routes.count(0) * 5000, routes.count(1) * 1000]
+    assert abs(work[0] - work[1]) <= D2LPM.quantum + 5000
+
+
+def test_d2lpm_needs_the_vllm_engine():
+    from simulator.engines import ClusterConfig
+
+    trace = PrefixHeavyMix(duration=10).build(0)
+    with pytest.raises(ConfigError, match="d2lpm needs engine=vllm"):
+        simulate(trace, VTC(), a10g_cost(), SLoRAConfig(pool_tokens=40_000),
+                 ClusterConfig(2, "d2lpm"))  # fmt: skip
+
+
+def test_d2lpm_with_dlpm_lowers_per_client_latency_below_round_robin_with_vtc():
+    """The paper's distributed claim (per-client latency up to 7.18x lower than a distributed
+    baseline), on two replicas serving the prefix-heavy mix: the mean over clients of each
+    client's mean E2E latency. The clients without shared prefixes are slower under DLPM (their
+    prompts never hit the cache), so the worst client is not always better: reported, not
+    asserted."""
+    from simulator.engines import ClusterConfig
+
+    mix = PrefixHeavyMix(duration=60, shared_clients=8, unique_clients=2, rate=0.25,
+                         system_prompt=4000, turns=3, think_time=1.0)  # fmt: skip
+    trace = mix.build(0)
+    engine = VLLMConfig(pool_tokens=16_000)
+    e2e = {}
+    for name, policy, dispatcher in (("rr+vtc", VTC(), "round_robin"),
+                                     ("d2lpm+dlpm", DLPM(), "d2lpm")):  # fmt: skip
+        tl = simulate(trace, policy, a10g_cost(), engine, ClusterConfig(2, dispatcher))
+        r = tl.requests_frame()
+        done = r[r.status == "completed"]
+        e2e[name] = (done.finished_at - done.arrival).groupby(done.client, observed=True).mean()
+    mean = {k: float(v.mean()) for k, v in e2e.items()}
+    worst = {k: float(v.max()) for k, v in e2e.items()}
+    print(f"mean per-client E2E: D2LPM {mean['d2lpm+dlpm']:.1f} s, round robin + VTC "
+          f"{mean['rr+vtc']:.1f} s; worst client {worst['d2lpm+dlpm']:.1f} s vs "
+          f"{worst['rr+vtc']:.1f} s")  # fmt: skip
+    assert mean["d2lpm+dlpm"] < 0.9 * mean["rr+vtc"]
