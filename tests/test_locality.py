@@ -132,7 +132,8 @@ def test_dlpm_serves_more_than_vtc_on_the_prefix_heavy_mix():
                          system_prompt=4000, turns=3, think_time=1.0)  # fmt: skip
     trace = mix.build(0)
     engine = VLLMConfig(pool_tokens=16_000)
-    runs = {p.name: simulate(trace, p, a10g_cost(), engine) for p in (VTC(), DLPM())}
+    dlpm = DLPM()
+    runs = {p.name: simulate(trace, p, a10g_cost(), engine) for p in (VTC(), dlpm)}
     done = {k: np.nanmax(tl.finished_at) for k, tl in runs.items()}
     tokens = {k: (tl.trace.prompt_len + tl.trace.output_len)[tl.status == 0].sum()
               for k, tl in runs.items()}  # fmt: skip
@@ -143,6 +144,11 @@ def test_dlpm_serves_more_than_vtc_on_the_prefix_heavy_mix():
           f"prefix hit rate VTC {hits['vtc']:.2f}, DLPM {hits['dlpm']:.2f}")  # fmt: skip
     assert hits["dlpm"] > hits["vtc"] + 0.2
     assert rate["dlpm"] > 1.2 * rate["vtc"]
+    bound = service_bound(trace, 16_000, dlpm.quantum)  # ... while keeping its bound
+    tl = runs["dlpm"]
+    for f in range(trace.num_clients):
+        for g in range(f + 1, trace.num_clients):
+            assert pair_swings(tl, dlpm, f, g)[0] <= bound
 
 
 def test_the_policy_table_puts_the_locality_policies_beside_vtc_with_the_papers_figure(
