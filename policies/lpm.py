@@ -20,14 +20,13 @@ Where I had to choose:
 - Prices are VTC's (w_p = 1, w_q = 2 by default), so DLPM's service is comparable with VTC's.
 - The quantum (default 10,000) trades locality for fairness: a client in credit keeps its turn
   for about Q of service, so a larger Q batches more of its cache-sharing requests (closer to
-  LPM) and loosens the bound 2 (U + Q). On the built-in mix with 8 clients' 4,000-token system
+  LPM) and loosens the bound 2 (U' + Q). On the built-in mix with 8 clients' 4,000-token system
   prompts and a 16,000-token pool, throughput over VTC's is 1.11x at Q = 2,000, 1.37x at 10,000
-  and 1.45x at 40,000 (LPM: 1.45x); a Q below U keeps the bound within twice VTC's.
+  and 1.45x at 40,000 (LPM: 1.45x).
 - The bound tested (tests/test_locality.py): for two clients backlogged over an interval, refills
-  reach both equally, and a counter stays within [-U, Q] (a client is picked only in credit,
-  refills stop at the first positive counter, and what one admission can still owe is at most
-  U = max(w_p L_input, w_q M), the VTC paper's U with M the KV pool), so their service differs
-  by at most 2 (U + Q).
+  reach both equally, and a counter stays within [-U', Q] (a client is picked only in credit,
+  refills stop at the first positive counter, and U' is the most its running requests still
+  owe right after one of its admissions), so their service differs by at most 2 (U' + Q).
 
 The cache is the engine's (`ReplicaView`, engine=vllm with prefix caching); one policy per
 replica, so behind a dispatcher these need a per-replica queue.

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from conftest import a10g_cost, random_trace
 from policies import FCFS, LCF, VTC
+from simulator.core.requests import STATUSES
 from simulator.core.seam import ADMIT, Finished, OutputTokens
 from simulator.engines import SLoRAConfig, simulate
 from simulator.metrics.fairness import accumulated_difference, served_intervals
@@ -90,11 +91,15 @@ def corrected_u(trace: Trace, policy: CheckedVTC) -> float:
 
 
 def backlog_intervals(tl, client: int) -> list[tuple[float, float]]:
-    """Union of [arrival, admitted_at) of the client's requests (end of run if never admitted)."""
+    """Union of [arrival, admitted_at) of the client's requests: the timeline's arrivals (for a
+    chained call, when it was really sent); a request never admitted waits to the end of the
+    run if it is still in flight, and not at all if it was refused or rejected on arrival."""
     t = tl.trace
-    mine = t.client == client
-    start = t.arrival[mine]
-    end = np.where(np.isnan(tl.admitted_at[mine]), np.inf, tl.admitted_at[mine])
+    mine = (t.client == client) & ~np.isnan(tl.arrival)
+    start = tl.arrival[mine]
+    admitted = tl.admitted_at[mine]
+    waiting = tl.status[mine] == STATUSES.index("in_flight")
+    end = np.where(np.isnan(admitted), np.where(waiting, np.inf, start), admitted)
     out: list[tuple[float, float]] = []
     for a, b in sorted(zip(start.tolist(), end.tolist())):
         if out and a <= out[-1][1]:
