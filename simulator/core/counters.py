@@ -9,6 +9,8 @@ prompt (a chunk of prompt computed by a chunked-prefill engine, charged as it is
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pandas as pd
 
@@ -17,45 +19,47 @@ ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL, COMPLETE, PROMPT = range(len(
 
 
 class CounterLog:
+    """The events in flat typed buffers: a run of many small updates (one decode step at a time)
+    costs 24 bytes an event, where keeping each call's arrays cost about 400 bytes a call (a
+    100,000-request overload run held 1 GB of them; bench/cli_end_to_end.py --workload
+    overload)."""
+
     def __init__(self) -> None:
-        self._time: list[np.ndarray] = []
-        self._delta: list[np.ndarray] = []
-        self._value: list[np.ndarray] = []
-        # per add_many call: its client, cause and length (expanded in `frame`)
-        self._client: list[int] = []
-        self._cause: list[int] = []
-        self._count: list[int] = []
+        self._time = array("d")
+        self._delta = array("d")
+        self._value = array("d")
+        # per add/add_many call: its client, cause and length (expanded in `frame`)
+        self._client = array("q")
+        self._cause = array("b")
+        self._count = array("q")
 
     def add(self, time: float, client: int, delta: float, value: float, cause: int) -> None:
-        self.add_many(np.array([time]), client, np.array([delta]), np.array([value]), cause)
+        self._time.append(time)
+        self._delta.append(delta)
+        self._value.append(value)
+        self._client.append(client)
+        self._cause.append(cause)
+        self._count.append(1)
 
     def add_many(
         self, times: np.ndarray, client: int, deltas: np.ndarray, values: np.ndarray, cause: int
     ) -> None:
-        self._time.append(times)
-        self._delta.append(deltas)
-        self._value.append(values)
+        for buffer, column in ((self._time, times), (self._delta, deltas), (self._value, values)):
+            buffer.frombytes(np.ascontiguousarray(column, dtype=np.float64).tobytes())
         self._client.append(client)
         self._cause.append(cause)
         self._count.append(times.shape[0])
 
     def frame(self, client_names: list[str]) -> pd.DataFrame:
         """Events by time (ties in the order they happened): time, client, cause, delta, value."""
-        if not self._time:
-            cols: dict[str, np.ndarray] = {
-                k: np.empty(0) for k in ("time", "client", "cause", "delta", "value")
-            }
-            cols["client"] = cols["client"].astype(np.int64)
-            cols["cause"] = cols["cause"].astype(np.int8)
-        else:
-            counts = np.asarray(self._count, dtype=np.int64)
-            cols = {
-                "time": np.concatenate(self._time),
-                "client": np.repeat(np.asarray(self._client, dtype=np.int64), counts),
-                "cause": np.repeat(np.asarray(self._cause, dtype=np.int8), counts),
-                "delta": np.concatenate(self._delta),
-                "value": np.concatenate(self._value),
-            }
+        counts = np.frombuffer(self._count, dtype=np.int64)
+        cols = {
+            "time": np.frombuffer(self._time, dtype=np.float64),
+            "client": np.repeat(np.frombuffer(self._client, dtype=np.int64), counts),
+            "cause": np.repeat(np.frombuffer(self._cause, dtype=np.int8), counts),
+            "delta": np.frombuffer(self._delta, dtype=np.float64),
+            "value": np.frombuffer(self._value, dtype=np.float64),
+        }
         order = np.argsort(cols["time"], kind="stable")  # runs log client by client
         return pd.DataFrame(
             {
