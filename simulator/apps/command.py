@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
+import pyarrow
 from hydra.errors import (
     ConfigCompositionException,
     InstantiationException,
@@ -112,6 +113,10 @@ def traceback_requested() -> bool:
 def run_command(prog: str, entry: Callable[[], object]) -> None:
     """Run a command's entry point (Hydra's or argparse's main) and end it as the table in the
     module docstring says."""
+    # Arrow's default allocator (mimalloc) keeps the pages of the tables it builds to write
+    # Parquet files; the system allocator gives them back: the Azure run's peak is 492 MB
+    # instead of 514 MB (bench/cli_end_to_end.py, whole process), at the same speed
+    pyarrow.set_memory_pool(pyarrow.system_memory_pool())
     show_traceback = traceback_requested()
     try:
         with signals_interrupt(), hydra_reraises():

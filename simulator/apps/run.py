@@ -10,9 +10,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
@@ -26,15 +29,18 @@ from simulator.core.timeline import Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
+from simulator.metrics.fluidity import Ragged
 from simulator.metrics.latency import inter_token_gaps
-from simulator.metrics.prefill_curve import fit_prefill_curve
+from simulator.metrics.prefill_curve import PrefillCurve, fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
 from simulator.report.background import in_background
 from simulator.report.run_folder import (
     RunOutputs,
+    RunTables,
     json_safe,
     mark_completed,
+    run_tables,
     write_run,
     write_summary,
 )
@@ -123,67 +129,107 @@ def run_config(
     with phase("simulate"):
         timeline = simulate(trace, policy, cost, engine, cluster, progress)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    with phase("run folder"):
-        outputs = write_run(timeline, out_dir, resolved, complete=False)
-    outputs.summary["unfit_requests"] = unfit_counts
+    with phase("tables"):
+        tables = run_tables(timeline)
+    qoe = None
     if cfg.get("qoe"):
-        with phase("qoe"):
-            add_qoe(cfg, outputs, out_dir, cost, engine, slos)
-    other = cfg.get("compare_with")
-    if other and other != policy.name:
-        with phase("comparison"):
+        with phase("qoe inputs"):
+            qoe = qoe_inputs(cfg, tables, cost, engine)
+    with phase("write"), distributions_in_background(cfg, qoe, out_dir):
+        outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
+        outputs.summary["unfit_requests"] = unfit_counts
+        if qoe is not None:
+            add_qoe(cfg, outputs, out_dir, qoe, slos)
+        other = cfg.get("compare_with")
+        if other and other != policy.name:
             outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster)
     write_summary(outputs.summary, out_dir)
     mark_completed(out_dir, outputs.summary["config_digest"])  # last: the folder is whole
     return timeline, outputs
 
 
-def add_qoe(
-    cfg: DictConfig,
-    outputs: RunOutputs,
-    out_dir: str | Path,
-    cost: StepCostModel,
-    engine: EngineConfig,
-    slos: list[SLO],
-) -> None:
-    """The `qoe` block and the SLO results of the summary (the caller writes summary.json),
-    and (unless switched off) the Veeksha-compatible files under metrics/."""
+@dataclass
+class QoEInputs:
+    """What the QoE summary, the SLOs and the Veeksha files are computed from."""
+
+    config: QoEConfig
+    curve: PrefillCurve | None  # the prefill-time curve behind Etalon's TTFT deadline
+    fluidity: pd.DataFrame  # request_fluidity's table
+    values: dict[str, np.ndarray]  # request_values' per-request metrics
+    # every completed request's inter-token gaps less the first; add_qoe lets go of them once
+    # the summary has them (the distributions child has its own): 40 MB less at the Azure run's
+    # peak (bench/cli_end_to_end.py)
+    decode_gaps: Ragged | None
+
+
+def qoe_inputs(
+    cfg: DictConfig, tables: RunTables, cost: StepCostModel, engine: EngineConfig
+) -> QoEInputs:
     qoe_cfg: QoEConfig = instantiate(cfg.qoe, _convert_="all")
     curve = None
     if qoe_cfg.ttft_deadline is None:
         curve = fit_prefill_curve(profile_prefill(cost, engine))
-    r, t = outputs.requests, outputs.tokens
+    r, t, _ = tables
     flu = request_fluidity(r, t, qoe_cfg, curve)
-    if not cfg.get("veeksha_metrics", True):
-        outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve, flu))
-        results = evaluate_slos(slos, request_values(r, t, qoe_cfg, curve, flu))
-        outputs.summary["slo_results"] = json_safe(results)
+    values = request_values(r, t, qoe_cfg, curve, flu)
+    decode_gaps = inter_token_gaps(r, t)[1].drop_first()
+    return QoEInputs(qoe_cfg, curve, flu, values, decode_gaps)
+
+
+@contextmanager
+def distributions_in_background(
+    cfg: DictConfig, qoe: QoEInputs | None, out_dir: str | Path
+) -> Iterator[None]:
+    """The Veeksha histograms and deadline-miss curve, drawn in a child process while the
+    with-block writes everything else (nothing, when the run writes no Veeksha files). Started
+    before the run folder's tables are written, the child overlaps them and the comparison run:
+    bench/cli_end_to_end.py (azure), median of 8 runs interleaved with the previous order, 5.15 s
+    -> 4.6 s (with Arrow on the system allocator, see simulator/apps/command.py)."""
+    if qoe is None or not cfg.get("veeksha_metrics", True):
+        yield
         return
     folder = Path(out_dir, "metrics")
     folder.mkdir(parents=True, exist_ok=True)
-    values = request_values(r, t, qoe_cfg, curve, flu)
-    decode_gaps = inter_token_gaps(r, t)[1].drop_first()
-    # the histograms and the miss-rate curve (2 s of the Azure run) are drawn in a child
-    # process while this one writes the rest: qoe phase 3.5 s -> 2 s (bench/cli_end_to_end.py)
-    with in_background(write_distributions, folder, values, decode_gaps, qoe_cfg.exact):
-        outputs.summary["qoe"] = json_safe(qoe_summary(r, t, qoe_cfg, curve, flu, decode_gaps))
-        del decode_gaps
-        workload = instantiate(cfg.workload, _convert_="all")
-        rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
-        results = write_veeksha_metrics(
-            folder,
-            r,
-            t,
-            outputs.steps,
-            qoe_cfg,
-            curve,
-            slos,
-            rate,
-            fluid_token_rate=outputs.summary["qoe"]["fluid_token_rate"],
-            fluidity_table=flu,
-            values=values,
-            distributions=False,
-        )
+    with in_background(_draw_distributions, folder, qoe):
+        yield
+
+
+def _draw_distributions(folder: Path, qoe: QoEInputs) -> None:
+    # takes `qoe`, not its gaps, so that the parent can let go of them (QoEInputs.decode_gaps)
+    assert qoe.decode_gaps is not None
+    write_distributions(folder, qoe.values, qoe.decode_gaps, qoe.config.exact)
+
+
+def add_qoe(
+    cfg: DictConfig, outputs: RunOutputs, out_dir: str | Path, qoe: QoEInputs, slos: list[SLO]
+) -> None:
+    """The `qoe` block and the SLO results of the summary (the caller writes summary.json),
+    and (unless switched off) the Veeksha-compatible files under metrics/ other than the
+    distributions (`distributions_in_background`)."""
+    r, t = outputs.requests, outputs.tokens
+    summary = qoe_summary(r, t, qoe.config, qoe.curve, qoe.fluidity, qoe.decode_gaps)
+    outputs.summary["qoe"] = json_safe(summary)
+    qoe.decode_gaps = None
+    if not cfg.get("veeksha_metrics", True):
+        results = evaluate_slos(slos, qoe.values)
+        outputs.summary["slo_results"] = json_safe(results)
+        return
+    workload = instantiate(cfg.workload, _convert_="all")
+    rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
+    results = write_veeksha_metrics(
+        Path(out_dir, "metrics"),
+        r,
+        t,
+        outputs.steps,
+        qoe.config,
+        qoe.curve,
+        slos,
+        rate,
+        fluid_token_rate=outputs.summary["qoe"]["fluid_token_rate"],
+        fluidity_table=qoe.fluidity,
+        values=qoe.values,
+        distributions=False,
+    )
     outputs.summary["slo_results"] = json_safe(results)
 
 

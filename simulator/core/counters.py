@@ -53,7 +53,7 @@ class CounterLog:
     def frame(self, client_names: list[str]) -> pd.DataFrame:
         """Events by time (ties in the order they happened): time, client, cause, delta, value."""
         counts = np.frombuffer(self._count, dtype=np.int64)
-        cols = {
+        cols: dict[str, np.ndarray] = {
             "time": np.frombuffer(self._time, dtype=np.float64),
             "client": np.repeat(np.frombuffer(self._client, dtype=np.int64), counts),
             "cause": np.repeat(np.frombuffer(self._cause, dtype=np.int8), counts),

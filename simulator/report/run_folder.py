@@ -100,19 +100,27 @@ def summarize(
     )
 
 
+RunTables = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]  # requests, tokens, steps
+
+
+def run_tables(timeline: Timeline) -> RunTables:
+    """The run's requests, tokens and steps tables, as the run folder holds them."""
+    return timeline.requests_frame(), timeline.tokens_frame(), timeline.steps_frame()
+
+
 def write_run(
     timeline: Timeline,
     folder: str | Path,
     config: dict[str, Any] | None = None,
     complete: bool = True,
+    tables: RunTables | None = None,
 ) -> RunOutputs:
-    """Write the run folder's files. `complete=False` leaves the folder marked running, for a
-    caller that adds files (and rewrites summary.json) before it calls `mark_completed`."""
+    """Write the run folder's files (from `tables`, when the caller built them already).
+    `complete=False` leaves the folder marked running, for a caller that adds files (and
+    rewrites summary.json) before it calls `mark_completed`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    requests = timeline.requests_frame()
-    tokens = timeline.tokens_frame()
-    steps = timeline.steps_frame()
+    requests, tokens, steps = run_tables(timeline) if tables is None else tables
     summary = summarize(timeline, requests, tokens, steps, config or {})
     mark_running(folder, summary["config_digest"])
     write_parquet(requests, folder / "requests.parquet")
