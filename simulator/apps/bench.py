@@ -113,6 +113,8 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
         engine = instantiate(cfg.engine, _convert_="all")
         qoe = qoe_inputs(cfg, tables, cost, engine)
     with distributions_in_background(cfg, qoe, out_dir):
+        if qoe is not None:
+            qoe.summarize(tables)
         outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
         if qoe is not None:
             add_qoe(cfg, outputs, out_dir, qoe, slos)

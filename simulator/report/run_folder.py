@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from simulator.core.requests import STATUSES
 from simulator.core.timeline import Timeline
@@ -134,9 +136,19 @@ def write_run(
     return RunOutputs(requests, tokens, steps, summary, timeline.counters)
 
 
+PARQUET_ROW_GROUP = 1 << 20  # rows: Arrow's default row group, so small files are unchanged
+
+
 def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    """The frame a row group at a time: Arrow copies one row group's columns, not the whole
+    frame's (bench/cli_end_to_end.py --workload core, 26M tokens: 520 MB less at the peak).
+    The schema is the whole frame's, so that a part whose column is all null keeps its type."""
     tmp = path.with_name(path.name + ".tmp")
-    frame.to_parquet(tmp, index=False)
+    schema = pa.Schema.from_pandas(frame, preserve_index=False)
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for start in range(0, len(frame), PARQUET_ROW_GROUP):
+            part = frame.iloc[start : start + PARQUET_ROW_GROUP]
+            writer.write_table(pa.Table.from_pandas(part, schema=schema, preserve_index=False))
     tmp.replace(path)
 
 
