@@ -4,14 +4,17 @@ where the time goes.
 `--workload azure` (default) runs Vidur's Azure conversation workload on 2 replicas of the
 vLLM-style engine (Llama-2-7B / A100-80GB, Vidur operator profile), FCFS, no comparison run,
 every default output (run folder, QoE summary, Veeksha files). `--workload core` runs the core
-benchmark's 100,000-request S-LoRA workload through the CLI. Target (issue 25, azure): <= 5 s
-and <= 500 MB for the whole process.
+benchmark's 100,000-request S-LoRA workload through the CLI. `--workload overload` runs the
+default policy and comparison on poisson_chat with every request arriving in the first second
+(`--requests`, default a million: issue 20's memory target, <= 2 GB). Target (issue 25, azure):
+<= 5 s and <= 500 MB for the whole process.
 
 The split comes from the CLI's own phase log (`hydra.verbose=fairsim.timing`): start-up (process
 start to the run starting: interpreter, imports, Hydra), then each phase of `run_config`. The
 azure workload's trace ships with fairsim (--path reads another). Prints one JSON object last.
 
-Usage: python bench/cli_end_to_end.py [--workload azure|core] [--path CSV] [--keep DIR]
+Usage: python bench/cli_end_to_end.py [--workload azure|core|overload] [--path CSV]
+       [--requests N] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ WORKLOADS = {
         "compare_with=null",
         "progress=false",
     ],
+    "overload": [  # issue 20's run: every request arrives in the first second (--requests)
+        "workload=poisson_chat",
+        "workload.duration=1",
+        "progress=false",
+    ],
 }
 PHASE = re.compile(r"phase (.+?) ([0-9.]+)(?: peak ([0-9.]+) MB)?$")
 
@@ -57,8 +65,17 @@ def main() -> None:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="azure")
     ap.add_argument("--path", type=Path, help="azure: another trace in Vidur's format")
     ap.add_argument("--keep", type=Path, help="write the run folder here (default: a temp dir)")
+    ap.add_argument(
+        "--requests",
+        type=float,
+        default=1e6,
+        help="overload: about this many requests (poisson_chat's rate_scale); target (issue 20) "
+        "at 1e6: the run finishes within 2 GB",
+    )
     args = ap.parse_args()
     overrides = list(WORKLOADS[args.workload])
+    if args.workload == "overload":
+        overrides.append(f"workload.rate_scale={args.requests:g}")
     if args.workload == "azure" and args.path is not None:
         if not args.path.exists():
             sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")

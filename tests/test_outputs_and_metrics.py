@@ -49,6 +49,39 @@ def test_run_folder_round_trip_and_public_columns(tmp_path):
     json.dumps(s, allow_nan=False)  # strict JSON
 
 
+def test_parquet_written_in_row_groups_reads_back_as_the_frame_with_its_types(
+    tmp_path, monkeypatch
+):
+    """write_parquet writes a row group at a time (bounded memory): the file holds one group per
+    PARQUET_ROW_GROUP rows, and reads back equal to the frame and to a one-shot write, also
+    when a later part's object column has values where the first part's is all null."""
+    import pyarrow.parquet as pq
+
+    from simulator.report import run_folder
+
+    monkeypatch.setattr(run_folder, "PARQUET_ROW_GROUP", 4)
+    ids = np.full(10, None, dtype=object)
+    ids[7:] = ["x-7", "x-8", "x-9"]
+    frame = pd.DataFrame(
+        {
+            "request_id": np.arange(10),
+            "client": pd.Categorical.from_codes(np.arange(10) % 2, categories=["a", "b"]),
+            "reason": pd.array([None] * 5 + ["r"] * 5, dtype="string"),
+            "time": np.linspace(0.0, 1.0, 10),
+            "client_request_id": ids,
+        }
+    )
+    run_folder.write_parquet(frame, tmp_path / "parts.parquet")
+    frame.to_parquet(tmp_path / "whole.parquet", index=False)
+    assert pq.ParquetFile(tmp_path / "parts.parquet").metadata.num_row_groups == 3
+    back = pd.read_parquet(tmp_path / "parts.parquet")
+    pd.testing.assert_frame_equal(back, pd.read_parquet(tmp_path / "whole.parquet"))
+    assert back.client_request_id.isna().tolist() == [v is None for v in ids]
+    assert back.client_request_id.iloc[7:].tolist() == ["x-7", "x-8", "x-9"]
+    run_folder.write_parquet(frame.iloc[:0], tmp_path / "empty.parquet")
+    assert list(pd.read_parquet(tmp_path / "empty.parquet").columns) == list(frame.columns)
+
+
 def test_load_run_rejects_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a fairsim run folder"):  # IncompleteRunError
         load_run(tmp_path)
