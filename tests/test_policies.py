@@ -310,3 +310,29 @@ def test_bad_vtc_options_are_clear_errors(kwargs, match):
 def test_bad_drr_quantum_is_a_clear_error():
     with pytest.raises(ValueError, match="policy.quantum must be a number > 0"):
         DRR(quantum=0)
+
+
+def test_counter_log_frame_keeps_every_event_with_its_client_and_cause_in_time_order():
+    """CounterLog shares one (client, cause) entry among consecutive calls alike: single events
+    and runs, merged or not, each keep their own client, cause, delta and value."""
+    from simulator.core.counters import ADMIT, DECODE, CounterLog
+
+    log = CounterLog()
+    log.add(0.5, 0, 10.0, 10.0, ADMIT)
+    log.add_many(np.array([1.0, 2.0]), 0, np.array([1.0, 1.0]), np.array([11.0, 12.0]), DECODE)
+    log.add(3.0, 0, 1.0, 13.0, DECODE)  # merges with the run before
+    log.add(1.5, 1, 5.0, 5.0, ADMIT)  # another client, earlier: sorted into place
+    log.add_many(np.array([2.5]), 1, np.array([2.0]), np.array([7.0]), DECODE)
+    frame = log.frame(["a", "b"])
+    assert frame.time.tolist() == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert frame.client.astype(str).tolist() == ["a", "a", "b", "a", "b", "a"]
+    assert frame.cause.astype(str).tolist() == [
+        "admit",
+        "decode",
+        "admit",
+        "decode",
+        "decode",
+        "decode",
+    ]
+    assert frame.value.tolist() == [10.0, 11.0, 5.0, 12.0, 7.0, 13.0]
+    assert frame.delta.tolist() == [10.0, 1.0, 5.0, 1.0, 2.0, 1.0]

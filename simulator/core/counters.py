@@ -22,7 +22,8 @@ class CounterLog:
     """The events in flat typed buffers: a run of many small updates (one decode step at a time)
     costs 24 bytes an event, where keeping each call's arrays cost about 400 bytes a call (a
     100,000-request overload run held 1 GB of them; bench/cli_end_to_end.py --workload
-    overload)."""
+    overload). Consecutive calls for the same client and cause share one (client, cause,
+    count) entry."""
 
     def __init__(self) -> None:
         self._time = array("d")
@@ -37,6 +38,9 @@ class CounterLog:
         self._time.append(time)
         self._delta.append(delta)
         self._value.append(value)
+        if self._count and self._client[-1] == client and self._cause[-1] == cause:
+            self._count[-1] += 1  # the same client and cause as the call before: one entry
+            return
         self._client.append(client)
         self._cause.append(cause)
         self._count.append(1)
@@ -46,6 +50,9 @@ class CounterLog:
     ) -> None:
         for buffer, column in ((self._time, times), (self._delta, deltas), (self._value, values)):
             buffer.frombytes(np.ascontiguousarray(column, dtype=np.float64).tobytes())
+        if self._count and self._client[-1] == client and self._cause[-1] == cause:
+            self._count[-1] += times.shape[0]
+            return
         self._client.append(client)
         self._cause.append(cause)
         self._count.append(times.shape[0])
