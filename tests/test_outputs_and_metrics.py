@@ -191,7 +191,7 @@ def test_constant_cost_batch_closed_form():
 def test_token_grouping_does_not_depend_on_the_row_order_of_the_token_table():
     """Metrics group tokens by request without sorting when the table is already grouped (as a
     run folder is); a table grouped in another order, or shuffled, gives the same answers."""
-    from simulator.metrics.latency import _grouped_tokens
+    from simulator.metrics.latency import grouped_tokens
 
     rng = np.random.default_rng(0)
     counts = rng.integers(1, 6, 30)
@@ -205,7 +205,7 @@ def test_token_grouping_does_not_depend_on_the_row_order_of_the_token_table():
     )
     reference = tokens.sort_values(["request_id", "index"], kind="stable")
     for frame in (reference, tokens, tokens.sample(frac=1.0, random_state=1)):
-        got = _grouped_tokens(frame)
+        got = grouped_tokens(frame)
         assert np.array_equal(got[0], np.sort(ids))
         assert np.array_equal(got[1], counts[np.argsort(ids)])
         assert np.array_equal(got[2], reference["time"].to_numpy())

@@ -12,10 +12,14 @@ demand.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from simulator.core.requests import STATUSES
 from traces.schema import OPTIONAL_INT_COLUMNS, Trace
@@ -30,15 +34,22 @@ class StepRecorder:
 
     A run of k steps is its first start, its k end times and KV in use after each, and (kind,
     batch size, tokens per step, preemptions); step j of a run starts when step j - 1 ends.
+    After `spill_to`, every `limit` steps are written to a Parquet file as a row group and let
+    go of, but for each step's end and kind (the token clock is made of them).
     """
 
     def __init__(self) -> None:
         self._ends = array("d")
+        self._kinds = array("b")
         self._kv = array("q")
         # per run: its first start, and (steps, kind, batch size, tokens, preemptions) as int32:
         # 28 bytes a run where six doubles took 48 (an overload run records a run per step)
         self._starts = array("d")
         self._runs = array("i")
+        self._written = 0  # steps written to the spill file; the buffers hold those after them
+        self._spill: Path | None = None
+        self._limit = 0
+        self._writer: pq.ParquetWriter | None = None
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -47,6 +58,18 @@ class StepRecorder:
     def ends(self) -> array:
         """Every step's end so far, in order (read only: a live run reads token times here)."""
         return self._ends
+
+    def spill_to(self, path: Path, limit: int) -> None:
+        """From now on, write the records to `path` whenever `limit` steps are buffered."""
+        if limit < 1:
+            raise ValueError(f"spill limit must be >= 1 step, got {limit}")
+        self._spill, self._limit = path, limit
+
+    def spill_file(self) -> Path:
+        """The file holding every step, once `close` has written the last ones."""
+        if self._spill is None or self._writer is None:
+            raise RuntimeError("these steps were not spilled (see spill_to)")
+        return self._spill
 
     def record(
         self,
@@ -63,12 +86,44 @@ class StepRecorder:
         else:
             self._ends.extend(ends)
         self._kv.extend(kv)
+        self._kinds.frombytes(bytes([kind]) * len(kv))
         self._starts.append(start)
         self._runs.extend((len(kv), kind, batch_size, num_tokens, preempted))
+        if self._spill is not None and len(self._kv) >= self._limit:
+            self._write()
+
+    def _write(self) -> None:
+        assert self._spill is not None
+        table = pa.table(self._buffered())
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._spill, table.schema)
+        self._writer.write_table(table)
+        self._written = len(self._ends)
+        for buffer in (self._kv, self._starts, self._runs):
+            del buffer[:]
+
+    def close(self) -> None:
+        """After `spill_to`: write the last buffered steps and close the file (`spill_file`)."""
+        if self._spill is not None:
+            self._write()
+            assert self._writer is not None
+            self._writer.close()
+
+    def clock_columns(self) -> dict[str, np.ndarray]:
+        """Every step's end and kind (index STEP_KINDS), spilled or not."""
+        return {
+            "end": np.frombuffer(self._ends, dtype=np.float64),
+            "kind": np.frombuffer(self._kinds, dtype=np.int8),
+        }
 
     def columns(self) -> dict[str, np.ndarray]:
         """One entry per step (see STEP_COLUMNS; kinds index STEP_KINDS)."""
-        end = np.frombuffer(self._ends, dtype=np.float64).copy()
+        if self._writer is not None:
+            raise RuntimeError("the steps were written to their spill file; read them there")
+        return self._buffered()
+
+    def _buffered(self) -> dict[str, np.ndarray]:
+        end = np.frombuffer(self._ends, dtype=np.float64)[self._written :].copy()
         runs = np.frombuffer(self._runs, dtype=np.int32).reshape(-1, 5)
         k = runs[:, 0].astype(np.int64)
         start = np.empty_like(end)  # a step starts when the one before ends, or its run starts
@@ -83,6 +138,15 @@ class StepRecorder:
             "kv_used": np.frombuffer(self._kv, dtype=np.int64).copy(),
             "preempted": np.repeat(runs[:, 4].astype(np.int64), k),
         }
+
+
+@dataclass(frozen=True)
+class SpillPlan:
+    """A run too large to keep its step records in memory writes them to `folder`, every
+    `steps` steps of a replica (simulator/engines/runner.py)."""
+
+    folder: Path
+    steps: int
 
 
 class TokenRuns:
@@ -162,15 +226,23 @@ class Timeline:
     first_token_at: np.ndarray
     finished_at: np.ndarray
     generated: np.ndarray  # output tokens emitted
-    steps: dict[str, np.ndarray]  # STEP_COLUMNS plus `replica`
+    steps: dict[str, np.ndarray]  # STEP_COLUMNS plus `replica` (empty when in step_files)
     token_runs: dict[str, np.ndarray]  # row, index, count, tick (see TokenRuns)
     token_clock: np.ndarray  # every replica's token clock, concatenated
     pool_tokens: int
     info: dict[str, object] = field(default_factory=dict)
     counters: pd.DataFrame | None = None  # the policy's counter events (core/counters.py)
     request_columns: dict[str, np.ndarray] = field(default_factory=dict)  # replica, preemptions
+    # a spilled run's steps: one Parquet file per replica, in replica order (SpillPlan)
+    step_files: list[Path] | None = None
 
     TOKEN_BLOCK = 1 << 20  # tokens per block when expanding the per-token timeline
+
+    def sorted_token_runs(self) -> dict[str, np.ndarray]:
+        """The token runs by row, then index: each row's tokens in order, rows in order."""
+        runs = self.token_runs
+        order = np.lexsort((runs["index"], runs["row"]))
+        return {k: runs[k][order] for k in ("row", "index", "tick", "count")}
 
     def token_times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, index, time) of every emitted output token, grouped by row, index 0 first.
@@ -178,9 +250,28 @@ class Timeline:
         Rows and indices are int32 to keep tens of millions of tokens compact; the arrays are
         filled a block of runs at a time so that no full-length temporaries are needed.
         """
-        runs = self.token_runs
-        order = np.lexsort((runs["index"], runs["row"]))
-        row, first, tick, count = (runs[k][order] for k in ("row", "index", "tick", "count"))
+        return self._expand(self.sorted_token_runs())
+
+    def token_blocks(self, max_tokens: int) -> Iterator[tuple[slice, pd.DataFrame]]:
+        """`tokens_frame` a block of consecutive rows at a time: (rows, their tokens), each
+        block holding at most `max_tokens` tokens (a row holding more is a block alone), so
+        that a run too large for one frame is written and scored in bounded memory."""
+        runs = self.sorted_token_runs()
+        n = len(self.trace)
+        per_row = np.bincount(runs["row"], weights=runs["count"], minlength=n).astype(np.int64)
+        ends = np.cumsum(per_row)
+        lo = first_run = 0
+        while lo < n:
+            base = int(ends[lo] - per_row[lo])
+            hi = max(lo + 1, int(np.searchsorted(ends, base + max_tokens, side="right")))
+            last_run = int(np.searchsorted(runs["row"], hi, side="left"))
+            part = {k: v[first_run:last_run] for k, v in runs.items()}
+            yield slice(lo, hi), self._frame(*self._expand(part))
+            lo, first_run = hi, last_run
+
+    def _expand(self, runs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, index, time) of every token of `runs` (sorted by row, then index)."""
+        row, first, tick, count = (runs[k] for k in ("row", "index", "tick", "count"))
         total = int(count.sum())
         rows = np.repeat(row.astype(np.int32), count)
         index = np.empty(total, dtype=np.int32)
@@ -232,13 +323,17 @@ class Timeline:
         )
 
     def tokens_frame(self) -> pd.DataFrame:
-        rows, index, time = self.token_times()
+        return self._frame(*self.token_times())
+
+    def _frame(self, rows: np.ndarray, index: np.ndarray, time: np.ndarray) -> pd.DataFrame:
         # the columns are fresh arrays that nothing else holds: no copy (76 MB less at 4M tokens)
         return pd.DataFrame(
             {"request_id": self.trace.request_id[rows], "index": index, "time": time}, copy=False
         )
 
     def steps_frame(self) -> pd.DataFrame:
+        if self.step_files is not None:
+            raise RuntimeError("this run's steps were spilled to step_files; read them there")
         s = dict(self.steps)
         s["kind"] = pd.Categorical.from_codes(s["kind"], categories=list(STEP_KINDS))
         return pd.DataFrame(s)

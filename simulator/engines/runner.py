@@ -34,7 +34,7 @@ from cost_models.base import StepCostModel
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import IN_FLIGHT, REFUSED, REJECTED, RequestState
 from simulator.core.seam import CounterPolicy, Finished, Policy
-from simulator.core.timeline import Timeline, TokenRuns
+from simulator.core.timeline import SpillPlan, Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.dispatch import ClusterConfig
 from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
@@ -75,6 +75,7 @@ class Runner:
         cluster: ClusterConfig | None = None,
         progress: Progress | None = None,
         pushed: bool = False,
+        spill: SpillPlan | None = None,
     ) -> None:
         cluster = cluster or ClusterConfig()
         self.trace, self.engine, self.cluster = trace, engine, cluster
@@ -106,6 +107,10 @@ class Runner:
         per_replica = self.policies * n if shared else self.policies
         fast = engine.fast_forward and not self.coupled
         self.replicas = engine.build(self, per_replica, self.queues, cost, fast)
+        self.spill = spill
+        if spill is not None:
+            for rep in self.replicas:
+                rep.steps.spill_to(spill.folder / f"steps-{rep.index}.parquet", spill.steps)
         self.env = simpy.Environment()
         self._wake: list[simpy.Event | None] = [None] * n  # set while a coupled replica idles
         self._held: list[Plan | None] = [None] * n  # a step ending at or after the frontier
@@ -416,17 +421,21 @@ class Runner:
         state, reps = self.state, self.replicas
         for rep in reps:
             rep.close()
+            rep.steps.close()
         self.tokens.close_all(state.generated)
-        cols = [rep.steps.columns() for rep in reps]
-        clocks = [rep.token_clock(c) for rep, c in zip(reps, cols, strict=True)]
-        # one replica's columns are the run's: no copy of 57 bytes a step (a 100,000-request
-        # overload run records 1.6M steps; its simulation peaks at 518 MB instead of 593 MB)
-        steps = (
-            cols[0]
-            if len(cols) == 1
-            else {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
-        )
-        steps["replica"] = np.repeat(np.arange(len(reps)), [c["end"].shape[0] for c in cols])
+        clocks = [rep.token_clock(rep.steps.clock_columns()) for rep in reps]
+        if self.spill is not None:
+            steps: dict[str, np.ndarray] = {}
+        else:
+            cols = [rep.steps.columns() for rep in reps]
+            # one replica's columns are the run's: no copy of 57 bytes a step (a 100,000-request
+            # overload run records 1.6M steps; its simulation peaks at 518 MB instead of 593 MB)
+            steps = (
+                cols[0]
+                if len(cols) == 1
+                else {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
+            )
+            steps["replica"] = np.repeat(np.arange(len(reps)), [c["end"].shape[0] for c in cols])
         offsets = np.cumsum([0] + [c.shape[0] for c in clocks])
         request_columns = {"replica": state.replica, **reps[0].request_columns()}
         return Timeline(
@@ -452,6 +461,7 @@ class Runner:
                 **self.engine.info(reps),
             },
             request_columns=request_columns,
+            step_files=None if self.spill is None else [rep.steps.spill_file() for rep in reps],
         )
 
 
@@ -475,9 +485,10 @@ def simulate(
     engine: EngineConfig | None = None,
     cluster: ClusterConfig | None = None,
     progress: Progress | None = None,
+    spill: SpillPlan | None = None,
 ) -> Timeline:
     """Run `trace` under `policy` on the configured engine (S-LoRA by default), on
     `cluster.replicas` replicas behind its dispatcher, and return one timeline (requests and
-    steps carry their replica)."""
+    steps carry their replica). With `spill`, step records go to disk as the run goes."""
     engine = SLoRAConfig() if engine is None else engine
-    return Runner(trace, policy, cost_model, engine, cluster, progress).run()
+    return Runner(trace, policy, cost_model, engine, cluster, progress, spill=spill).run()

@@ -148,7 +148,8 @@ class StepModel(Protocol):
         ...
 
     def token_clock(self, steps: dict[str, np.ndarray]) -> np.ndarray:
-        """This replica's token clock (see simulator/core/timeline.py), from its step records."""
+        """This replica's token clock (see simulator/core/timeline.py), from its steps' ends and
+        kinds (`StepRecorder.clock_columns`)."""
         ...
 
     def request_columns(self) -> dict[str, np.ndarray]:

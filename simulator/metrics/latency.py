@@ -36,7 +36,7 @@ def tokens_of(tokens: pd.DataFrame, request_ids: pd.Series | np.ndarray) -> pd.D
     return tokens if mine.all() else tokens[mine]
 
 
-def _grouped_tokens(tokens: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def grouped_tokens(tokens: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(request ids, token counts, times): requests by increasing id, each one's tokens
     contiguous in index order (the order of a stable sort by request_id, index)."""
     ids = tokens["request_id"].to_numpy()
@@ -72,7 +72,7 @@ def inter_token_gaps(
     its inter-token list [t_1 - arrival, t_2 - t_1, ...] (docs/metrics.md, the input of every
     metric).
     By default only completed requests, as Etalon and Veeksha score them."""
-    ids, counts, times = _grouped_tokens(tokens)
+    ids, counts, times = grouped_tokens(tokens)
     req = requests.set_index("request_id").loc[ids]
     keep = (req["status"] == "completed").to_numpy() if completed_only else np.ones(ids.size, bool)
     gaps = np.diff(times, prepend=0.0)
@@ -94,7 +94,7 @@ def per_request_latency(
     running at the horizon it is the latency so far."""
     if convention not in CONVENTIONS:
         raise ConfigError(f"unknown latency convention {convention!r}; accepted: {CONVENTIONS}")
-    ids, n, times = _grouped_tokens(tokens)
+    ids, n, times = grouped_tokens(tokens)
     starts = np.cumsum(n) - n
     first, last = times[starts], times[starts + n - 1]
     req = requests.set_index("request_id").loc[ids]
@@ -129,17 +129,17 @@ def per_request_latency(
 
 def tbt_samples(tokens: pd.DataFrame) -> pd.DataFrame:
     """Gaps between consecutive tokens of the same request (first token excluded)."""
-    ids, counts, times = _grouped_tokens(tokens)
-    return pd.DataFrame({"request_id": ids.repeat(counts - 1), "tbt": _gaps_within(times, counts)})
+    ids, counts, times = grouped_tokens(tokens)
+    return pd.DataFrame({"request_id": ids.repeat(counts - 1), "tbt": gaps_within(times, counts)})
 
 
 def tbt_values(tokens: pd.DataFrame) -> np.ndarray:
     """The gaps of `tbt_samples` alone."""
-    _, counts, times = _grouped_tokens(tokens)
-    return _gaps_within(times, counts)
+    _, counts, times = grouped_tokens(tokens)
+    return gaps_within(times, counts)
 
 
-def _gaps_within(times: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def gaps_within(times: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """The gaps between consecutive tokens of each request, request after request (`times`
     grouped by request, `counts` >= 1 tokens each)."""
     if times.size == 0:
@@ -187,23 +187,45 @@ def percentiles(
 def latency_summary(requests: pd.DataFrame, tokens: pd.DataFrame) -> dict[str, dict]:
     """Per client and overall ("all"): request counts and TTFT/TPOT/E2E/TBT statistics."""
     lat = per_request_latency(requests, tokens)
-    ids, counts, times = _grouped_tokens(tokens)
-    tbt = _gaps_within(times, counts)
+    return latency_table(requests, lat, tbt_selector(requests, *grouped_tokens(tokens)))
+
+
+def tbt_selector(
+    requests: pd.DataFrame, ids: np.ndarray, counts: np.ndarray, times: np.ndarray
+) -> Callable[[np.ndarray], dict[str, float]]:
+    """The `percentiles` of the TBT gaps of the requests a mask over `requests` selects
+    (`grouped_tokens`' output)."""
+    tbt = gaps_within(times, counts)
+    by_id = pd.Index(requests["request_id"]).get_indexer(ids)
+    gap_row = by_id.repeat(counts - 1)  # each gap's request (row of `requests`)
+
+    def tbt_of(rows: np.ndarray) -> dict[str, float]:
+        return percentiles(tbt if rows.all() else tbt[rows[gap_row]])
+
+    return tbt_of
+
+
+def latency_table(
+    requests: pd.DataFrame,
+    lat: pd.DataFrame,
+    tbt_of: Callable[[np.ndarray], dict[str, float]],
+) -> dict[str, dict]:
+    """`latency_summary` from `per_request_latency` and the `percentiles` of the pooled gaps
+    of the requests a mask over `requests` selects (a run scored in blocks pools them from its
+    token clock: simulator/metrics/pooled.py)."""
     request_client = requests["client"].astype(str).to_numpy()
     names = sorted({str(c) for c in pd.unique(request_client)}, key=_natural)
     code = {name: i for i, name in enumerate(names)}
     request_code = np.array([code[c] for c in request_client], dtype=np.int32)
-    by_id = pd.Index(requests["request_id"]).get_indexer(ids)
-    gap_code = request_code[by_id].repeat(counts - 1)  # each gap's client
     lat_code = request_code[pd.Index(requests["request_id"]).get_indexer(lat.index)]
     completed = (requests["status"] == "completed").to_numpy()
     out: dict[str, dict] = {}
     for name in [*names, "all"]:
         if name == "all":
-            mine, sel, gsel = np.ones(len(requests), dtype=bool), slice(None), tbt
+            mine, sel = np.ones(len(requests), dtype=bool), slice(None)
         else:
             c = code[name]
-            mine, sel, gsel = request_code == c, lat_code == c, tbt[gap_code == c]
+            mine, sel = request_code == c, lat_code == c
         out[name] = {
             "requests": int(mine.sum()),
             "completed": int(completed[mine].sum()),
@@ -211,7 +233,7 @@ def latency_summary(requests: pd.DataFrame, tokens: pd.DataFrame) -> dict[str, d
             "ttft": percentiles(lat.ttft.to_numpy()[sel]),
             "tpot": percentiles(lat.tpot.to_numpy()[sel]),
             "e2e": percentiles(lat.e2e.to_numpy()[sel]),
-            "tbt": percentiles(gsel),
+            "tbt": tbt_of(mine),
         }
     return out
 
@@ -266,7 +288,7 @@ def andes_qoe(
             f"expected_ttft must be >= 0 and reading_speed > 0; got {expected_ttft}, "
             f"{reading_speed}"
         )
-    ids, n, times = _grouped_tokens(tokens)
+    ids, n, times = grouped_tokens(tokens)
     if ids.size == 0:
         return pd.Series([], dtype=float, index=pd.Index([], name="request_id"), name="qoe")
     arrival = requests.set_index("request_id").loc[ids, "arrival"].to_numpy()

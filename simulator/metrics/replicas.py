@@ -7,6 +7,7 @@ and `recompute_avoided_tokens` under engine=vllm.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,17 +39,69 @@ def _counts(g: pd.DataFrame) -> dict[str, float | int]:
     }
 
 
+@dataclass(frozen=True)
+class StepTotals:
+    """What the summaries need of a set of steps, added up block by block when a run's steps
+    are read back from disk a row group at a time."""
+
+    steps: int
+    busy: float  # seconds of the steps
+    used_time: float  # sum of KV pool fraction in use x step duration
+    used_sum: float  # sum of KV pool fraction in use (its mean when no step took time)
+    peak: float  # the largest fraction in use
+    prefill_tokens: int  # prompt tokens of prefill steps
+
+    @classmethod
+    def of(cls, steps: pd.DataFrame, pool_tokens: int) -> StepTotals:
+        dur = (steps.end - steps.start).to_numpy()
+        used = steps.kv_used.to_numpy() / pool_tokens
+        return cls(
+            steps=len(steps),
+            busy=float(dur.sum()),
+            used_time=float((used * dur).sum()),
+            used_sum=float(used.sum()),
+            peak=float(used.max()) if len(steps) else 0.0,
+            prefill_tokens=int(steps.num_tokens[steps.kind == "prefill"].sum()),
+        )
+
+    def __add__(self, other: StepTotals) -> StepTotals:
+        return StepTotals(
+            self.steps + other.steps,
+            self.busy + other.busy,
+            self.used_time + other.used_time,
+            self.used_sum + other.used_sum,
+            max(self.peak, other.peak),
+            self.prefill_tokens + other.prefill_tokens,
+        )
+
+    def kv_utilisation(self) -> dict[str, float]:
+        """`latency.kv_utilisation` of these steps."""
+        if self.steps == 0:
+            return {"mean": 0.0, "peak": 0.0}
+        busy = self.busy
+        mean = self.used_time / busy if busy > 0 else self.used_sum / self.steps
+        return {"mean": mean, "peak": self.peak}
+
+
+def step_totals(steps: pd.DataFrame, pool_tokens: int) -> dict[int, StepTotals]:
+    """StepTotals of each replica's steps."""
+    return {
+        int(rep): StepTotals.of(g, pool_tokens)
+        for rep, g in steps.groupby("replica", sort=True, observed=True)
+    }
+
+
 def per_replica(
-    requests: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame, pool_tokens: int
+    requests: pd.DataFrame, emitted: pd.Series, totals: dict[int, StepTotals]
 ) -> list[dict[str, Any]]:
     """One record per replica: requests it ran, completions, output tokens, token throughput
     (prompt + output of its completed requests over its last finish), TTFT mean and p99,
-    preemptions (0 for an engine that never preempts), KV utilisation. Requests never admitted
-    under a shared queue have replica -1 and are left out."""
+    preemptions (0 for an engine that never preempts), KV utilisation. `emitted`: output
+    tokens per request_id; `totals`: `step_totals` of the steps. Requests never admitted under
+    a shared queue have replica -1 and are left out."""
     out = []
-    emitted = tokens["request_id"].value_counts()  # output tokens per request
     emitted_on = requests.set_index("request_id").replica.reindex(emitted.index).to_numpy()
-    for rep in sorted(int(r) for r in steps.replica.unique()):
+    for rep in sorted(totals):
         r = requests[requests.replica == rep]
         done = r[r.status == "completed"]
         ttft = (done.first_token_at - done.arrival).to_numpy()
@@ -62,8 +115,8 @@ def per_replica(
                 "ttft_mean": float(ttft.mean()) if ttft.size else float("nan"),
                 "ttft_p99": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
                 "preemptions": int(r.preemptions.sum()) if "preemptions" in r else 0,
-                "kv_utilisation": latency.kv_utilisation(steps[steps.replica == rep], pool_tokens),
-                "steps": int((steps.replica == rep).sum()),
+                "kv_utilisation": totals[rep].kv_utilisation(),
+                "steps": totals[rep].steps,
             }
         )
     return out

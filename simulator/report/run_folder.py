@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,6 +29,7 @@ from simulator.core.requests import STATUSES
 from simulator.core.timeline import Timeline
 from simulator.metrics import interactions, latency, replicas
 from simulator.metrics.fairness import fairness_summary, tick_span
+from simulator.metrics.replicas import StepTotals
 
 FILES = ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json")
 STATUS_FILE = "job.json"
@@ -52,13 +55,48 @@ def config_digest(config: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class TokenFacts:
+    """What the run summary needs of the tokens table: from the table itself (`of_tables`),
+    or gathered a block of requests at a time for a run too large for one table
+    (simulator/report/blockwise.py)."""
+
+    count: int  # output tokens
+    latency: pd.DataFrame  # latency.per_request_latency
+    last_tokens: pd.DataFrame  # request_id, time: each request's last token
+    emitted: pd.Series  # output tokens per request_id
+    tbt_of: Callable[[np.ndarray], dict[str, float]]  # see latency.latency_table
+
+    @classmethod
+    def of_tables(cls, requests: pd.DataFrame, tokens: pd.DataFrame) -> TokenFacts:
+        lat = latency.per_request_latency(requests, tokens)
+        ids, counts, times = latency.grouped_tokens(tokens)
+        last = times[np.cumsum(counts) - 1] if ids.size else times
+        return cls(
+            count=len(tokens),
+            latency=lat,
+            last_tokens=pd.DataFrame({"request_id": ids, "time": last}),
+            emitted=pd.Series(counts, index=ids),
+            tbt_of=latency.tbt_selector(requests, ids, counts, times),
+        )
+
+
 def summarize(
     timeline: Timeline,
     requests: pd.DataFrame,
-    tokens: pd.DataFrame,
-    steps: pd.DataFrame,
+    tokens: pd.DataFrame | TokenFacts,
+    steps: pd.DataFrame | dict[int, StepTotals],
     config: dict[str, Any],
 ) -> dict[str, Any]:
+    """summary.json. `tokens` and `steps`: the tables, or their `TokenFacts` and per-replica
+    `StepTotals`."""
+    facts = tokens if isinstance(tokens, TokenFacts) else TokenFacts.of_tables(requests, tokens)
+    if isinstance(steps, dict):
+        totals = steps
+        whole = sum(totals.values(), StepTotals(0, 0.0, 0.0, 0.0, 0.0, 0))
+    else:
+        totals = replicas.step_totals(steps, timeline.pool_tokens)
+        whole = StepTotals.of(steps, timeline.pool_tokens)
     counts = requests.status.value_counts()
     throttled = interactions.throttling(requests)
     extra: dict[str, Any] = {}
@@ -73,7 +111,7 @@ def summarize(
     if "preemptions" in requests:  # engine=vllm
         extra["vllm"] = replicas.engine_counts(requests)
     if "replica" in requests:  # simulated (a measured run sees no replicas)
-        extra["replicas"] = replicas.per_replica(requests, tokens, steps, timeline.pool_tokens)
+        extra["replicas"] = replicas.per_replica(requests, facts.emitted, totals)
     reasons = (
         requests[requests.status != "completed"].groupby(["status", "reason"], observed=True).size()
     )
@@ -88,14 +126,14 @@ def summarize(
             "throttled_interactions": throttled["throttled_interactions"],
             "wasted_tokens": throttled["wasted_tokens"],
             "throughput_tokens_per_s": latency.token_throughput(requests),
-            "output_tokens": len(tokens),
+            "output_tokens": facts.count,
             "end_time": timeline.info.get("end_time"),
-            "steps": len(steps),
-            "kv_utilisation": latency.kv_utilisation(steps, timeline.pool_tokens),
+            "steps": whole.steps,
+            "kv_utilisation": whole.kv_utilisation(),
             "pool_tokens": timeline.pool_tokens,
-            "latency": latency.latency_summary(requests, tokens),
+            "latency": latency.latency_table(requests, facts.latency, facts.tbt_of),
             "fairness": fairness_summary(
-                requests, tokens, total=tick_span(timeline.info.get("end_time"))
+                requests, facts.last_tokens, total=tick_span(timeline.info.get("end_time"))
             ),
             **extra,
         }
