@@ -29,7 +29,7 @@ from simulator.core.timeline import Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
-from simulator.metrics.fluidity import Ragged
+from simulator.metrics.fluidity import Ragged, miss_rate_at_tbt_targets
 from simulator.metrics.latency import inter_token_gaps
 from simulator.metrics.prefill_curve import PrefillCurve, fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
@@ -208,7 +208,8 @@ def distributions_in_background(
 def _draw_distributions(folder: Path, qoe: QoEInputs) -> None:
     # takes `qoe`, not its gaps, so that the parent can let go of them (QoEInputs.decode_gaps)
     assert qoe.decode_gaps is not None
-    write_distributions(folder, qoe.values, qoe.decode_gaps, qoe.config.exact)
+    curve = miss_rate_at_tbt_targets(qoe.decode_gaps, exact=qoe.config.exact)
+    write_distributions(folder, qoe.values, curve)
 
 
 def add_qoe(

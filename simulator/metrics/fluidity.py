@@ -225,13 +225,23 @@ def fluid_token_rate(decode_gaps: Ragged, exact: bool = False) -> float:
     decode deadline at which the request misses at most 10% of its deadlines."""
     if decode_gaps.lengths.shape[0] == 0:
         return float("nan")
-    best = np.concatenate(
-        [
-            min_tbt_deadline(block, FLUID_RATE_TARGET_MISS, 0.0, exact, first_is_prefill=False)
-            for _, block in decode_gaps.blocks()
-        ]
-    )
-    return float(1.0 / np.quantile(best, FLUID_RATE_QUANTILE))
+    return rate_of_deadlines(fluid_rate_deadlines(decode_gaps, exact))
+
+
+def fluid_rate_deadlines(decode_gaps: Ragged, exact: bool = False) -> np.ndarray:
+    """Per request, the minimum decode deadline `fluid_token_rate` takes the P99 of."""
+    blocks = [
+        min_tbt_deadline(block, FLUID_RATE_TARGET_MISS, 0.0, exact, first_is_prefill=False)
+        for _, block in decode_gaps.blocks()
+    ]
+    return np.concatenate(blocks) if blocks else np.empty(0)
+
+
+def rate_of_deadlines(deadlines: np.ndarray) -> float:
+    """The fluid token rate of these per-request minimum deadlines (NaN: no request)."""
+    if deadlines.shape[0] == 0:
+        return float("nan")
+    return float(1.0 / np.quantile(deadlines, FLUID_RATE_QUANTILE))
 
 
 def miss_rate_at_tbt_targets(
@@ -251,6 +261,46 @@ def miss_rate_at_tbt_targets(
     return pd.DataFrame(
         {"tbt_deadline": targets, "miss_rate": np.quantile(rates, quantile, axis=1)}
     )
+
+
+class MissRateCurve:
+    """`miss_rate_at_tbt_targets` of `requests` requests whose decode gaps come a block at a
+    time (`add`): per target it keeps only the largest rates, those the quantile can reach, so
+    memory does not grow with the run."""
+
+    def __init__(
+        self,
+        requests: int,
+        targets: np.ndarray = TARGET_TBT_VALUES,
+        quantile: float = FLUID_RATE_QUANTILE,
+        exact: bool = False,
+    ) -> None:
+        self.targets = np.asarray(targets, dtype=np.float64)
+        self.requests, self.quantile, self.exact = requests, quantile, exact
+        # np.quantile interpolates between ranks floor((n - 1) q) and the one above
+        lowest = int(np.floor((requests - 1) * np.float64(quantile))) if requests else 0
+        self.keep = requests - lowest
+        self.top = np.empty((self.targets.shape[0], 0))
+        self.seen = 0
+
+    def add(self, decode_gaps: Ragged) -> None:
+        for _, block in decode_gaps.blocks():
+            rates = decode_miss_rates(block, self.targets, self.exact)
+            self.seen += rates.shape[1]
+            both = np.concatenate((self.top, rates), axis=1)
+            if both.shape[1] > self.keep:
+                both = np.partition(both, both.shape[1] - self.keep, axis=1)[:, -self.keep :]
+            self.top = both
+
+    def frame(self) -> pd.DataFrame:
+        if self.seen != self.requests:
+            raise ValueError(f"MissRateCurve: {self.seen} of {self.requests} requests added")
+        if self.requests == 0:
+            return pd.DataFrame({"tbt_deadline": self.targets, "miss_rate": np.nan})
+        # the rates below those kept only fill ranks the quantile does not read
+        below = np.full(self.requests - self.keep, -np.inf)
+        found = [np.quantile(np.concatenate((below, row)), self.quantile) for row in self.top]
+        return pd.DataFrame({"tbt_deadline": self.targets, "miss_rate": found})
 
 
 def decode_miss_rates(decode_gaps: Ragged, targets: np.ndarray, exact: bool = False) -> np.ndarray:

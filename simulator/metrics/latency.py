@@ -260,6 +260,20 @@ def goodput(
     if done.empty:
         return 0.0
     lat = per_request_latency(done, tokens_of(tokens, done.request_id), "veeksha")
+    return goodput_of(requests, lat, ttft, tpot, e2e)
+
+
+def goodput_of(
+    requests: pd.DataFrame,
+    lat: pd.DataFrame,
+    ttft: float | None = None,
+    tpot: float | None = None,
+    e2e: float | None = None,
+) -> float:
+    """`goodput` from the completed requests' `per_request_latency` (convention "veeksha")."""
+    done = requests[requests.status == "completed"]
+    if done.empty:
+        return 0.0
     good = np.ones(len(lat), dtype=bool)
     for limit, column in ((ttft, "ttft"), (tpot, "tpot"), (e2e, "e2e")):
         if limit is not None:

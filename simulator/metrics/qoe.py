@@ -113,21 +113,36 @@ def qoe_summary(
         gaps = latency.inter_token_gaps(requests, tokens)[1]
         decode_gaps = gaps.drop_first()
         del gaps  # one request-length copy of the gaps at a time (the fluid rate's peak memory)
-    done_ids = requests.request_id[requests.status == "completed"]
+    done = requests[requests.status == "completed"]
+    andes = latency.andes_qoe(
+        requests, latency.tokens_of(tokens, done.request_id), cfg.expected_ttft, cfg.reading_speed
+    )
+    limits = (cfg.goodput_ttft, cfg.goodput_tpot, cfg.goodput_e2e)
+    good = (
+        latency.goodput(requests, tokens, *limits) if any(v is not None for v in limits) else None
+    )
+    rate = etalon.fluid_token_rate(decode_gaps, cfg.exact)
+    return qoe_block(cfg, curve, flu, rate, andes.to_numpy(), good)
+
+
+def qoe_block(
+    cfg: QoEConfig,
+    curve: PrefillCurve | None,
+    fluidity: pd.DataFrame,
+    fluid_token_rate: float,
+    andes: np.ndarray,
+    goodput: float | None,
+) -> dict[str, Any]:
+    """`qoe_summary` from its parts: the `request_fluidity` table, the fluid token rate, the
+    Andes QoE of each completed request and the goodput (None: no goodput limit given)."""
     per_client = {
         str(c): {
             **_fluidity_stats(g.fluidity.to_numpy()),
             "miss_rate": etalon.service_miss_rate(g.missed.to_numpy(), g.total.to_numpy()),
         }
-        for c, g in flu.groupby("client", observed=True, sort=True)
+        for c, g in fluidity.groupby("client", observed=True, sort=True)
     }
-    qoe = latency.andes_qoe(
-        requests,
-        latency.tokens_of(tokens, done_ids),
-        cfg.expected_ttft,
-        cfg.reading_speed,
-    )
-    limits = (cfg.goodput_ttft, cfg.goodput_tpot, cfg.goodput_e2e)
+    missed, total = fluidity.missed.to_numpy(), fluidity.total.to_numpy()
     return {
         "deadlines": {
             "tbt": cfg.tbt_deadline,
@@ -139,15 +154,13 @@ def qoe_summary(
             },
             "arithmetic": "exact (integer ns)" if cfg.exact else "etalon float",
         },
-        "fluidity": _fluidity_stats(flu.fluidity.to_numpy()),
-        "service_miss_rate": etalon.service_miss_rate(flu.missed.to_numpy(), flu.total.to_numpy()),
-        "fluid_token_rate": etalon.fluid_token_rate(decode_gaps, cfg.exact),
+        "fluidity": _fluidity_stats(fluidity.fluidity.to_numpy()),
+        "service_miss_rate": etalon.service_miss_rate(missed, total),
+        "fluid_token_rate": fluid_token_rate,
         "fluidity_per_client": per_client,
         "andes_qoe": {
-            "mean": float(qoe.mean()) if len(qoe) else None,
-            "p10": float(np.percentile(qoe, 10)) if len(qoe) else None,
+            "mean": float(andes.mean()) if len(andes) else None,
+            "p10": float(np.percentile(andes, 10)) if len(andes) else None,
         },
-        "goodput_requests_per_s": latency.goodput(requests, tokens, *limits)
-        if any(v is not None for v in limits)
-        else None,
+        "goodput_requests_per_s": goodput,
     }

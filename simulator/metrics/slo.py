@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from simulator.core.errors import ConfigError
+from simulator.metrics.pooled import WeightedValues
 
 LOWER_IS_BETTER = {
     "ttfc": True,
@@ -86,12 +87,17 @@ def parse_slos(items: Sequence[Mapping[str, Any]] | None, source: str = "slos") 
     return out
 
 
-def observed_value(values: np.ndarray, slo: SLO) -> float:
+def observed_value(values: np.ndarray | WeightedValues, slo: SLO) -> float:
+    """The SLO's percentile of the values (NaN left out); +inf when there are none."""
+    q = slo.percentile if slo.lower_is_better else 1.0 - slo.percentile
+    if isinstance(values, WeightedValues):  # pooled gaps of a run scored in blocks
+        if values.size == 0:
+            return math.inf
+        return values.min() if q <= 0 else values.max() if q >= 1 else values.quantile(q)
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0:
         return math.inf
-    q = slo.percentile if slo.lower_is_better else 1.0 - slo.percentile
     if q <= 0:
         return float(v.min())
     if q >= 1:
@@ -107,7 +113,9 @@ def is_met(observed: float, slo: SLO) -> bool:
     return observed < slo.value if slo.lower_is_better else observed > slo.value
 
 
-def evaluate_slos(slos: Sequence[SLO], values: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def evaluate_slos(
+    slos: Sequence[SLO], values: Mapping[str, np.ndarray | WeightedValues]
+) -> dict[str, Any]:
     """Veeksha's `slo_results.json` object for request-level `values` keyed by metric."""
     results = []
     for slo in slos:

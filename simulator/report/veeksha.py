@@ -10,6 +10,7 @@ none of Veeksha's keys is renamed.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import orjson
 import pandas as pd
 
 from simulator.metrics import fluidity, latency
+from simulator.metrics.pooled import WeightedValues
 from simulator.metrics.prefill_curve import PrefillCurve
 from simulator.metrics.qoe import QoEConfig, request_fluidity, request_values
 from simulator.metrics.slo import SLO, evaluate_slos
@@ -89,13 +91,14 @@ def request_level_columns(
 
 
 def write_request_level_metrics(
-    path: Path, columns: dict[str, np.ndarray], tbc: list[np.ndarray]
+    path: Path, columns: dict[str, np.ndarray], tbc: list[np.ndarray], append: bool = False
 ) -> None:
-    """One JSON object per request (NaN written as null), the decode gaps under `tbc`."""
+    """One JSON object per request (NaN written as null), the decode gaps under `tbc`
+    (`append`: after the requests already in the file)."""
     names = list(columns)
     rows = zip(*(columns[name].tolist() for name in names), tbc, strict=True)
     option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
-    with path.open("wb") as f:
+    with path.open("ab" if append else "wb") as f:
         for values in rows:
             row = dict(zip(names, values[:-1], strict=True))
             row["tbc"] = values[-1]
@@ -142,10 +145,10 @@ def observed_rate(requests: pd.DataFrame) -> float:
 
 
 def health_checks(
-    requests: pd.DataFrame, steps: pd.DataFrame, configured_rate: float | None
+    requests: pd.DataFrame, prefilled: int, configured_rate: float | None
 ) -> list[dict[str, Any]]:
-    """Arrival rate against the configured rate; emitted and prefilled lengths against the
-    requested ones."""
+    """Arrival rate against the configured rate; emitted lengths, and the prompt tokens the
+    prefill steps processed (`prefilled`), against the requested ones."""
     checks: list[dict[str, Any]] = []
     observed = observed_rate(requests)
     if configured_rate is None:
@@ -177,7 +180,6 @@ def health_checks(
         }
     )
     admitted = requests[~requests.admitted_at.isna()]
-    prefilled = int(steps.num_tokens[steps.kind == "prefill"].sum())
     wanted = int(admitted.prompt_len.sum())
     checks.append(
         {
@@ -214,6 +216,48 @@ def write_veeksha_metrics(
     write_request_level_metrics(out / "request_level_metrics.jsonl", columns, request_gaps)
     completed = len(request_gaps)
     del request_gaps  # views of a copy of every gap: freed before the next ones are made
+    if values is None:
+        values = request_values(requests, tokens, cfg, curve, fluidity_table)
+    if fluid_token_rate is None or distributions:
+        decode_gaps = latency.inter_token_gaps(requests, tokens)[1].drop_first()
+        if fluid_token_rate is None:
+            fluid_token_rate = fluidity.fluid_token_rate(decode_gaps, cfg.exact)
+        if distributions:
+            curve_frame = fluidity.miss_rate_at_tbt_targets(decode_gaps, exact=cfg.exact)
+            write_distributions(out, values, curve_frame)
+        del decode_gaps
+    prefilled = int(steps.num_tokens[steps.kind == "prefill"].sum())
+    prompt, ttfc = columns["num_delta_prompt_tokens"], columns["ttfc"]
+    return write_veeksha_summaries(
+        out,
+        requests,
+        completed,
+        values,
+        fluid_token_rate,
+        prompt,
+        ttfc,
+        prefilled,
+        slos,
+        configured_rate,
+    )
+
+
+def write_veeksha_summaries(
+    out: Path,
+    requests: pd.DataFrame,
+    completed: int,
+    values: Mapping[str, np.ndarray | WeightedValues],
+    fluid_token_rate: float,
+    prompt: np.ndarray,
+    ttfc: np.ndarray,
+    prefilled: int,
+    slos: list[SLO] | None,
+    configured_rate: float | None,
+) -> dict[str, Any]:
+    """The files other than the request-level rows and the distributions, from what those
+    were made of: `completed` requests, `request_values`, the fluid token rate, each completed
+    request's prompt length and TTFC, and the prompt tokens the prefill steps processed.
+    Returns slo_results."""
     errored = int(requests.status.isin(["rejected", "refused", "failed"]).sum())
     _dump(
         out / "summary_stats.json",
@@ -225,31 +269,19 @@ def write_veeksha_metrics(
             "Observed Session Dispatch Rate": observed_rate(requests),
         },
     )
-    if values is None:
-        values = request_values(requests, tokens, cfg, curve, fluidity_table)
-    tpot, tbc = values["tpot"], values["tbc"]
-    if fluid_token_rate is None or distributions:
-        decode_gaps = latency.inter_token_gaps(requests, tokens)[1].drop_first()
-        if fluid_token_rate is None:
-            fluid_token_rate = fluidity.fluid_token_rate(decode_gaps, cfg.exact)
-        if distributions:
-            write_distributions(out, values, decode_gaps, cfg.exact)
-        del decode_gaps
+    tpot, tbc = np.asarray(values["tpot"]), values["tbc"]
     _dump(
         out / "throughput_metrics.json",
         {
             "tpot_based_throughput": 1.0 / tpot.mean() if tpot.size and tpot.mean() > 0 else None,
-            "tbc_based_throughput": 1.0 / np.quantile(tbc, 0.99) if tbc.size else None,
+            "tbc_based_throughput": 1.0 / _quantile(tbc, 0.99) if tbc.size else None,
             "fluid_token_generation_rate": fluid_token_rate,
         },
     )
-    _dump(
-        out / "prefill_stats.json",
-        prefill_stats(columns["num_delta_prompt_tokens"], columns["ttfc"]),
-    )
+    _dump(out / "prefill_stats.json", prefill_stats(prompt, ttfc))
     results = evaluate_slos(slos or [], values)
     _dump(out / "slo_results.json", results)
-    checks = health_checks(requests, steps, configured_rate)
+    checks = health_checks(requests, prefilled, configured_rate)
     _dump(out / "health_check_results.json", checks)
     (out / "health_check_results.txt").write_text(
         "".join(
@@ -261,24 +293,39 @@ def write_veeksha_metrics(
     return results
 
 
+def _quantile(values: np.ndarray | WeightedValues, q: float) -> float:
+    if isinstance(values, WeightedValues):
+        return values.quantile(q)
+    return float(np.quantile(values, q))
+
+
 def write_distributions(
-    out: Path, values: dict[str, np.ndarray], decode_gaps: fluidity.Ragged, exact: bool
+    out: Path, values: Mapping[str, np.ndarray | WeightedValues], miss_curve: pd.DataFrame
 ) -> None:
-    """The deadline-miss curve and, per distribution metric, its statistics (CSV) and its
-    histogram (PNG)."""
-    fluidity.miss_rate_at_tbt_targets(decode_gaps, exact=exact).to_csv(
-        out / "deadline_miss_rate_at_tbt_targets.csv", index=False
-    )
+    """The deadline-miss curve (`miss_rate_at_tbt_targets`) and, per distribution metric, its
+    statistics (CSV) and its histogram (PNG)."""
+    miss_curve.to_csv(out / "deadline_miss_rate_at_tbt_targets.csv", index=False)
     for name in DISTRIBUTION_METRICS:
         v = values[name]
-        pd.DataFrame([_distribution_row(v)]).to_csv(out / f"{name}.csv", index=False)
+        row = _pooled_row(v) if isinstance(v, WeightedValues) else _distribution_row(v)
+        pd.DataFrame([row]).to_csv(out / f"{name}.csv", index=False)
         fig = _figure()
         ax = fig.subplots()
-        ax.hist(v[~np.isnan(v)], bins=50)
+        if isinstance(v, WeightedValues):  # the same bars as the expanded values give
+            counts, edges = v.histogram(50)
+            ax.hist(edges[:-1], bins=edges, weights=counts)
+        else:
+            ax.hist(v[~np.isnan(v)], bins=50)
         ax.set_xlabel(name + ("" if name == "fluidity" else " (s)"))
         ax.set_ylabel("count")
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=80)
+
+
+def _pooled_row(v: WeightedValues) -> dict[str, float]:
+    """`_distribution_row` of the expanded values."""
+    row = {f"p{p}": v.percentile(p) for p in (50, 90, 95, 99)}
+    return {**row, "min": v.min(), "max": v.max(), "mean": v.mean()}
 
 
 def _figure() -> Any:
