@@ -58,6 +58,9 @@ class DRR(BasePolicy):
     def counter_events(self) -> pd.DataFrame:
         return self.log.frame(list(self.trace.client_names))
 
+    def counter_log(self) -> CounterLog:
+        return self.log
+
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         c = int(self.trace.client[req])
         if c not in self.order:

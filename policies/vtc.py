@@ -69,6 +69,9 @@ class LeastServed(BasePolicy):
     def counter_events(self) -> pd.DataFrame:
         return self.log.frame(list(self.trace.client_names))
 
+    def counter_log(self) -> CounterLog:
+        return self.log
+
     def _charge(self, client: int, delta: float, now: float, cause: int) -> None:
         self.counter[client] += delta
         self.log.add(now, client, delta, float(self.counter[client]), cause)

@@ -24,14 +24,14 @@ from simulator.apps import sweep
 from simulator.apps.bench_client import Received, Replay, TargetConfig, preflight
 from simulator.apps.command import run_command
 from simulator.apps.config_check import build_block
-from simulator.apps.run import add_qoe, build_trace, distributions_in_background, qoe_inputs
+from simulator.apps.run import build_trace, qoe_inputs, qoe_setup, write_run_with_qoe
 from simulator.apps.serve import run_loop
 from simulator.apps.tokenizer import load_tokenizer
 from simulator.core.timeline import STEP_COLUMNS, Timeline
 from simulator.metrics.slo import parse_slos
 from simulator.report.console import DEFAULT_ROWS, format_fairness, format_qoe, format_summary
 from simulator.report.progress import StreamingReporter
-from simulator.report.run_folder import mark_completed, run_tables, write_run, write_summary
+from simulator.report.run_folder import mark_completed, run_tables, write_summary
 from traces.schema import Trace
 
 
@@ -111,13 +111,8 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
         slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
         cost = instantiate(cfg.cost_model, _convert_="all")
         engine = instantiate(cfg.engine, _convert_="all")
-        qoe = qoe_inputs(cfg, tables, cost, engine)
-    with distributions_in_background(cfg, qoe, out_dir):
-        if qoe is not None:
-            qoe.summarize(tables)
-        outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
-        if qoe is not None:
-            add_qoe(cfg, outputs, out_dir, qoe, slos)
+        qoe = qoe_inputs(qoe_setup(cfg, cost, engine, slos), tables)
+    outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe)
     outputs.summary["clock"] = clock
     write_summary(outputs.summary, out_dir)
     mark_completed(out_dir, outputs.summary["config_digest"])

@@ -108,6 +108,7 @@ def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
     except IncompleteRunError as err:
         raise ConfigError(str(err)) from None
     requests, tokens = outputs.requests, outputs.tokens
+    assert tokens is not None  # load_run reads every table
     completed = requests[requests["status"] == "completed"]
     tokens = tokens[tokens["request_id"].isin(completed["request_id"])]
     try:

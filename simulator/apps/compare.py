@@ -40,6 +40,7 @@ QUANTILES = (0.5, 0.9, 0.99)
 def samples(run: RunOutputs) -> dict[str, np.ndarray]:
     """Each latency metric's values over the run's completed requests."""
     done = run.requests[run.requests["status"] == "completed"]
+    assert run.tokens is not None  # load_run reads every table
     tokens = run.tokens[run.tokens["request_id"].isin(done["request_id"])]
     per = per_request_latency(done, tokens)
     out = {k: per[k].to_numpy() for k in ("ttft", "tpot", "e2e", "normalized_e2e")}

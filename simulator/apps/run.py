@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import resource
+import shutil
 import sys
 import time
 from collections import Counter
@@ -24,17 +25,19 @@ from omegaconf import DictConfig, OmegaConf
 from cost_models.base import StepCostModel
 from simulator.apps.overload import overload_warning
 from simulator.apps.prefill_profile import profile_prefill
+from simulator.core.errors import ConfigError
 from simulator.core.seam import CounterPolicy, Policy
-from simulator.core.timeline import Timeline
+from simulator.core.timeline import SpillPlan, Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
 from simulator.metrics.fluidity import Ragged, miss_rate_at_tbt_targets
 from simulator.metrics.latency import inter_token_gaps
-from simulator.metrics.prefill_curve import PrefillCurve, fit_prefill_curve
+from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
 from simulator.report.background import in_background
+from simulator.report.blockwise import QoESetup, write_run_in_blocks
 from simulator.report.run_folder import (
     RunOutputs,
     RunTables,
@@ -126,36 +129,71 @@ def run_config(
         warning = overload_warning(trace, cost, engine, cluster.replicas if cluster else 1)
     if warning:
         print(warning, file=sys.stderr)
+    budget = token_budget(cfg)
+    spill = None
+    if int(trace.output_len.sum()) > budget:  # may emit more tokens than one table holds
+        spill = SpillPlan(Path(out_dir, ".spill"), max(1, budget // 4))
     with phase("simulate"):
-        timeline = simulate(trace, policy, cost, engine, cluster, progress)
+        timeline = simulate(trace, policy, cost, engine, cluster, progress, spill)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    with phase("tables"):
-        tables = run_tables(timeline)
-    qoe = None
-    if cfg.get("qoe"):
-        with phase("qoe inputs"):
-            qoe = qoe_inputs(cfg, tables, cost, engine)
-    with phase("write"), distributions_in_background(cfg, qoe, out_dir):
-        if qoe is not None:
-            qoe.summarize(tables)
-        outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
-        outputs.summary["unfit_requests"] = unfit_counts
-        if qoe is not None:
-            add_qoe(cfg, outputs, out_dir, qoe, slos)
-        other = cfg.get("compare_with")
-        if other and other != policy.name:
-            outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster)
+    if spill is not None:
+        with phase("write"):
+            setup = qoe_setup(cfg, cost, engine, slos) if cfg.get("qoe") else None
+            outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
+    else:
+        with phase("tables"):
+            tables = run_tables(timeline)
+        qoe = None
+        if cfg.get("qoe"):
+            with phase("qoe inputs"):
+                qoe = qoe_inputs(qoe_setup(cfg, cost, engine, slos), tables)
+        with phase("write"):
+            outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe)
+    outputs.summary["unfit_requests"] = unfit_counts
+    other = cfg.get("compare_with")
+    if other and other != policy.name:
+        with phase("comparison"):
+            again = None if spill is None else SpillPlan(spill.folder / "compare", spill.steps)
+            outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster, again)
+    if spill is not None:
+        shutil.rmtree(spill.folder, ignore_errors=True)
     write_summary(outputs.summary, out_dir)
     mark_completed(out_dir, outputs.summary["config_digest"])  # last: the folder is whole
     return timeline, outputs
+
+
+BYTES_PER_TOKEN = 64  # what a token costs through the in-memory metrics (measured: 55 to 65)
+
+
+def token_budget(cfg: DictConfig) -> int:
+    """Tokens a run may hold in one table under `memory_budget_mb`; a run that may emit more
+    writes its records to disk as it goes and is scored in blocks of that many tokens."""
+    budget = cfg.get("memory_budget_mb", 512)
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0:
+        raise ConfigError(f"memory_budget_mb must be a number of megabytes > 0, got {budget!r}")
+    return max(1, int(budget * 2**20 / BYTES_PER_TOKEN))
+
+
+def qoe_setup(
+    cfg: DictConfig, cost: StepCostModel, engine: EngineConfig, slos: list[SLO]
+) -> QoESetup:
+    """The `qoe:` block, the prefill curve when its TTFT deadline comes from one, the SLOs and
+    the workload's rate (Veeksha's health check)."""
+    qoe_cfg: QoEConfig = instantiate(cfg.qoe, _convert_="all")
+    curve = None
+    if qoe_cfg.ttft_deadline is None:
+        curve = fit_prefill_curve(profile_prefill(cost, engine))
+    workload = instantiate(cfg.workload, _convert_="all")
+    rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
+    veeksha = bool(cfg.get("veeksha_metrics", True))
+    return QoESetup(qoe_cfg, curve, slos, rate, veeksha)
 
 
 @dataclass
 class QoEInputs:
     """What the QoE summary, the SLOs and the Veeksha files are computed from."""
 
-    config: QoEConfig
-    curve: PrefillCurve | None  # the prefill-time curve behind Etalon's TTFT deadline
+    setup: QoESetup
     fluidity: pd.DataFrame  # request_fluidity's table
     values: dict[str, np.ndarray]  # request_values' per-request metrics
     # every completed request's inter-token gaps less the first, until `summarize` has used
@@ -163,40 +201,55 @@ class QoEInputs:
     decode_gaps: Ragged | None
     summary: dict[str, Any] | None = None  # the summary's `qoe` block, once summarized
 
+    @property
+    def config(self) -> QoEConfig:
+        return self.setup.config
+
     def summarize(self, tables: RunTables) -> None:
         """The summary's `qoe` block. It lets go of the gaps before the run folder is written
         (with Parquet written a row group at a time, bench/cli_end_to_end.py --workload core,
         26M tokens, peaks at 1.64 GB instead of 1.82 GB, azure at 452 MB instead of 492 MB)."""
         r, t, _ = tables
-        block = qoe_summary(r, t, self.config, self.curve, self.fluidity, self.decode_gaps)
+        curve = self.setup.curve
+        block = qoe_summary(r, t, self.config, curve, self.fluidity, self.decode_gaps)
         self.summary = json_safe(block)
         self.decode_gaps = None
 
 
-def qoe_inputs(
-    cfg: DictConfig, tables: RunTables, cost: StepCostModel, engine: EngineConfig
-) -> QoEInputs:
-    qoe_cfg: QoEConfig = instantiate(cfg.qoe, _convert_="all")
-    curve = None
-    if qoe_cfg.ttft_deadline is None:
-        curve = fit_prefill_curve(profile_prefill(cost, engine))
+def qoe_inputs(setup: QoESetup, tables: RunTables) -> QoEInputs:
     r, t, _ = tables
-    flu = request_fluidity(r, t, qoe_cfg, curve)
-    values = request_values(r, t, qoe_cfg, curve, flu)
+    flu = request_fluidity(r, t, setup.config, setup.curve)
+    values = request_values(r, t, setup.config, setup.curve, flu)
     decode_gaps = inter_token_gaps(r, t)[1].drop_first()
-    return QoEInputs(qoe_cfg, curve, flu, values, decode_gaps)
+    return QoEInputs(setup, flu, values, decode_gaps)
+
+
+def write_run_with_qoe(
+    timeline: Timeline,
+    out_dir: str | Path,
+    resolved: dict[str, Any],
+    tables: RunTables,
+    qoe: QoEInputs | None,
+) -> RunOutputs:
+    """`write_run` (leaving the folder marked running), the QoE summary and the Veeksha files,
+    the distributions drawn meanwhile in a child process."""
+    with distributions_in_background(qoe, out_dir):
+        if qoe is not None:
+            qoe.summarize(tables)
+        outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
+        if qoe is not None:
+            add_qoe(outputs, out_dir, qoe)
+    return outputs
 
 
 @contextmanager
-def distributions_in_background(
-    cfg: DictConfig, qoe: QoEInputs | None, out_dir: str | Path
-) -> Iterator[None]:
+def distributions_in_background(qoe: QoEInputs | None, out_dir: str | Path) -> Iterator[None]:
     """The Veeksha histograms and deadline-miss curve, drawn in a child process while the
     with-block writes everything else (nothing, when the run writes no Veeksha files). Started
     before the run folder's tables are written, the child overlaps them and the comparison run:
     bench/cli_end_to_end.py (azure), median of 8 runs interleaved with the previous order, 5.15 s
     -> 4.6 s (with Arrow on the system allocator, see simulator/apps/command.py)."""
-    if qoe is None or not cfg.get("veeksha_metrics", True):
+    if qoe is None or not qoe.setup.veeksha:
         yield
         return
     folder = Path(out_dir, "metrics")
@@ -212,32 +265,28 @@ def _draw_distributions(folder: Path, qoe: QoEInputs) -> None:
     write_distributions(folder, qoe.values, curve)
 
 
-def add_qoe(
-    cfg: DictConfig, outputs: RunOutputs, out_dir: str | Path, qoe: QoEInputs, slos: list[SLO]
-) -> None:
+def add_qoe(outputs: RunOutputs, out_dir: str | Path, qoe: QoEInputs) -> None:
     """The `qoe` block (`QoEInputs.summarize`) and the SLO results of the summary (the caller
-    writes summary.json),
-    and (unless switched off) the Veeksha-compatible files under metrics/ other than the
-    distributions (`distributions_in_background`)."""
+    writes summary.json), and (unless switched off) the Veeksha-compatible files under
+    metrics/ other than the distributions (`distributions_in_background`)."""
     if qoe.summary is None:
         raise RuntimeError("add_qoe: QoEInputs.summarize comes first")
     outputs.summary["qoe"] = qoe.summary
-    r, t = outputs.requests, outputs.tokens
-    if not cfg.get("veeksha_metrics", True):
-        results = evaluate_slos(slos, qoe.values)
+    setup = qoe.setup
+    if not setup.veeksha:
+        results = evaluate_slos(setup.slos, qoe.values)
         outputs.summary["slo_results"] = json_safe(results)
         return
-    workload = instantiate(cfg.workload, _convert_="all")
-    rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
+    assert outputs.tokens is not None and outputs.steps is not None
     results = write_veeksha_metrics(
         Path(out_dir, "metrics"),
-        r,
-        t,
+        outputs.requests,
+        outputs.tokens,
         outputs.steps,
-        qoe.config,
-        qoe.curve,
-        slos,
-        rate,
+        setup.config,
+        setup.curve,
+        setup.slos,
+        setup.configured_rate,
         fluid_token_rate=outputs.summary["qoe"]["fluid_token_rate"],
         fluidity_table=qoe.fluidity,
         values=qoe.values,
@@ -252,16 +301,18 @@ def compare(
     cost: StepCostModel,
     engine: EngineConfig,
     cluster: ClusterConfig | None = None,
+    spill: SpillPlan | None = None,
 ) -> dict[str, Any]:
     """The same trace and engine under another policy (its conf/policy default): its fairness
     figures and throughput, for the side-by-side printout. Under `global_vtc` a policy without
-    per-client counters shares one queue across the replicas instead (`central`)."""
+    per-client counters shares one queue across the replicas instead (`central`). `spill`:
+    where a large run's step records go (they are not kept)."""
     policy = instantiate(compose_config([f"policy={policy_name}"]).policy, _convert_="all")
     if cluster is not None and cluster.dispatcher == "global_vtc":
         shares = isinstance(policy, CounterPolicy)
         cluster = cluster if shares else dataclasses.replace(cluster, dispatcher="central")
-    timeline = simulate(trace, policy, cost, engine, cluster)
-    requests, tokens = timeline.requests_frame(), timeline.tokens_frame()
+    timeline = simulate(trace, policy, cost, engine, cluster, spill=spill)
+    requests, tokens = timeline.requests_frame(), timeline.last_tokens()
     total = tick_span(timeline.info.get("end_time"))
     dispatcher = {"dispatcher": cluster.dispatcher} if cluster is not None else {}
     return {"policy": policy_name, **dispatcher, **fairness_summary(requests, tokens, total=total)}

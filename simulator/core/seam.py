@@ -41,6 +41,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
+from simulator.core.counters import CounterLog
 from simulator.core.queue import WaitingQueue
 from traces.schema import Trace
 
@@ -150,4 +151,8 @@ class CounterPolicy(Protocol):
 
     def counter_events(self) -> pd.DataFrame:
         """Every change to the per-client counters (simulator/core/counters.py), after the run."""
+        ...
+
+    def counter_log(self) -> CounterLog:
+        """The log itself, as the run fills it (a large run writes it to disk as it goes)."""
         ...

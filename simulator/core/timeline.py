@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from simulator.core.counters import CounterLog
 from simulator.core.requests import STATUSES
 from traces.schema import OPTIONAL_INT_COLUMNS, Trace
 
@@ -233,8 +234,10 @@ class Timeline:
     info: dict[str, object] = field(default_factory=dict)
     counters: pd.DataFrame | None = None  # the policy's counter events (core/counters.py)
     request_columns: dict[str, np.ndarray] = field(default_factory=dict)  # replica, preemptions
-    # a spilled run's steps: one Parquet file per replica, in replica order (SpillPlan)
+    # a spilled run (SpillPlan): its steps, one Parquet file per replica in replica order, and
+    # its counter logs in place of `counters`, one per policy (one per replica unless shared)
     step_files: list[Path] | None = None
+    counter_logs: list[CounterLog] | None = None
 
     TOKEN_BLOCK = 1 << 20  # tokens per block when expanding the per-token timeline
 
@@ -242,7 +245,24 @@ class Timeline:
         """The token runs by row, then index: each row's tokens in order, rows in order."""
         runs = self.token_runs
         order = np.lexsort((runs["index"], runs["row"]))
+        order = order[runs["count"][order] > 0]  # a run closed before its first token
         return {k: runs[k][order] for k in ("row", "index", "tick", "count")}
+
+    def last_tokens(self) -> pd.DataFrame:
+        """request_id, time and count of tokens of each request that emitted any: its last
+        token without the per-token table (the fairness figures need no more)."""
+        runs = self.sorted_token_runs()
+        row = runs["row"]
+        last = np.flatnonzero(np.append(row[1:] != row[:-1], True)) if row.size else row
+        tick = runs["tick"][last] + runs["count"][last] - 1
+        emitted = np.bincount(row, weights=runs["count"], minlength=len(self.trace))
+        return pd.DataFrame(
+            {
+                "request_id": self.trace.request_id[row[last]],
+                "time": self.token_clock[tick],
+                "tokens": emitted[row[last]].astype(np.int64),
+            }
+        )
 
     def token_times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, index, time) of every emitted output token, grouped by row, index 0 first.
@@ -261,6 +281,8 @@ class Timeline:
         per_row = np.bincount(runs["row"], weights=runs["count"], minlength=n).astype(np.int64)
         ends = np.cumsum(per_row)
         lo = first_run = 0
+        if n == 0:
+            yield slice(0, 0), self._frame(*self._expand(runs))
         while lo < n:
             base = int(ends[lo] - per_row[lo])
             hi = max(lo + 1, int(np.searchsorted(ends, base + max_tokens, side="right")))

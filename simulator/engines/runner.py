@@ -31,6 +31,7 @@ import pandas as pd
 import simpy
 
 from cost_models.base import StepCostModel
+from simulator.core.counters import CounterLog
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import IN_FLIGHT, REFUSED, REJECTED, RequestState
 from simulator.core.seam import CounterPolicy, Finished, Policy
@@ -109,8 +110,12 @@ class Runner:
         self.replicas = engine.build(self, per_replica, self.queues, cost, fast)
         self.spill = spill
         if spill is not None:
+            spill.folder.mkdir(parents=True, exist_ok=True)
             for rep in self.replicas:
                 rep.steps.spill_to(spill.folder / f"steps-{rep.index}.parquet", spill.steps)
+            for i, p in enumerate(self.policies):
+                if isinstance(p, CounterPolicy):
+                    p.counter_log().spill_to(spill.folder / f"counters-{i}.parquet", spill.steps)
         self.env = simpy.Environment()
         self._wake: list[simpy.Event | None] = [None] * n  # set while a coupled replica idles
         self._held: list[Plan | None] = [None] * n  # a step ending at or after the frontier
@@ -451,7 +456,8 @@ class Runner:
             token_runs=self.tokens.columns(offsets[:-1]),
             token_clock=np.concatenate(clocks),
             pool_tokens=reps[0].pool_tokens,
-            counters=_counters(self.policies),
+            counters=None if self.spill else _counters(self.policies),
+            counter_logs=_counter_logs(self.policies) if self.spill else None,
             info={
                 "engine": self.engine.name,
                 "end_time": max(rep.now for rep in reps),
@@ -476,6 +482,11 @@ def _counters(policies: list[Policy]) -> pd.DataFrame | None:
     if not frames:
         return None
     return pd.concat(frames, ignore_index=True)
+
+
+def _counter_logs(policies: list[Policy]) -> list[CounterLog] | None:
+    logs = [p.counter_log() for p in policies if isinstance(p, CounterPolicy)]
+    return logs or None
 
 
 def simulate(

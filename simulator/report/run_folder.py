@@ -43,8 +43,9 @@ class IncompleteRunError(FileNotFoundError):
 @dataclass(frozen=True)
 class RunOutputs:
     requests: pd.DataFrame
-    tokens: pd.DataFrame
-    steps: pd.DataFrame
+    # None: a run too large to hold them (simulator/report/blockwise.py); read the files
+    tokens: pd.DataFrame | None
+    steps: pd.DataFrame | None
     summary: dict[str, Any]
     counters: pd.DataFrame | None = None  # counters.parquet, for policies with counters
 
@@ -181,13 +182,38 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     """The frame a row group at a time: Arrow copies one row group's columns, not the whole
     frame's (bench/cli_end_to_end.py --workload core, 26M tokens: 520 MB less at the peak).
     The schema is the whole frame's, so that a part whose column is all null keeps its type."""
-    tmp = path.with_name(path.name + ".tmp")
-    schema = pa.Schema.from_pandas(frame, preserve_index=False)
-    with pq.ParquetWriter(tmp, schema) as writer:
+    with FrameWriter(path) as writer:
+        writer.write(frame)
+
+
+class FrameWriter:
+    """Frames appended to one Parquet file, a row group at a time, under the first frame's
+    schema; the file appears under its name when the writer closes without an error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp")
+        self.writer: pq.ParquetWriter | None = None
+        self.schema: pa.Schema | None = None
+
+    def write(self, frame: pd.DataFrame) -> None:
+        if self.writer is None:
+            self.schema = pa.Schema.from_pandas(frame, preserve_index=False)
+            self.writer = pq.ParquetWriter(self.tmp, self.schema)
         for start in range(0, len(frame), PARQUET_ROW_GROUP):
             part = frame.iloc[start : start + PARQUET_ROW_GROUP]
-            writer.write_table(pa.Table.from_pandas(part, schema=schema, preserve_index=False))
-    tmp.replace(path)
+            table = pa.Table.from_pandas(part, schema=self.schema, preserve_index=False)
+            self.writer.write_table(table)
+
+    def __enter__(self) -> FrameWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        if kind is None:
+            self.tmp.replace(self.path)
 
 
 def write_summary(summary: dict[str, Any], folder: str | Path) -> None:

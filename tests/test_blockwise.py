@@ -1,0 +1,168 @@
+"""A run too large for one table (memory_budget_mb) writes its records to disk as it goes and is
+scored a block of requests at a time: its run folder must hold what the in-memory path writes.
+Each case runs one config twice, with the default budget (one table) and with a budget of a few
+hundred tokens (hundreds of blocks, steps and counter events spilled every few hundred rows)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from simulator.apps.run import compose_config, run_config, simulate_config
+from simulator.core.counters import DECODE, CounterLog
+from simulator.core.timeline import StepRecorder
+from simulator.metrics.latency import gaps_within, grouped_tokens
+from simulator.metrics.pooled import PooledGaps, WeightedValues
+
+TINY_BUDGET = "memory_budget_mb=0.02"  # 327 tokens a block, steps written every 81
+
+CASES = {
+    "slora_vtc_with_comparison": ["workload.duration=60"],
+    "vllm_cluster_exact_qoe_slos": [
+        "engine=vllm",
+        "engine.pool_tokens=3000",  # small: preemptions split requests into several runs
+        "cluster.replicas=2",
+        "workload.duration=60",
+        "qoe.ttft_deadline=null",  # the prefill curve's deadline
+        "qoe.exact=true",
+        "qoe.goodput_ttft=1.0",
+        "slos=[{metric: tbc, percentile: 0.9, value: 0.05}, "
+        "{metric: fluidity, percentile: 0.99, value: 0.5}]",
+    ],
+    "fairserve_interactions": ["experiment=fairserve_overload", "workload.duration=30"],
+    "horizon_cuts_requests_short": ["engine=vllm", "engine.pool_tokens=3000", "engine.horizon=20"],
+    "nothing_completes": ["engine.pool_tokens=100", "workload.duration=10"],
+}
+
+
+def same_values(a: object, b: object, where: str) -> None:
+    """Equal, except that a float may differ in its last digits (a mean summed block by
+    block): relative 1e-12."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            same_values(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same_values(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_spilled_run_writes_the_files_and_figures_of_the_in_memory_run(case, tmp_path):
+    overrides = [*CASES[case], "progress=false"]
+    whole_tl, whole = run_config(compose_config(overrides), tmp_path / "whole")
+    blocks_tl, blocks = run_config(compose_config([*overrides, TINY_BUDGET]), tmp_path / "blocks")
+    assert whole_tl.step_files is None and blocks_tl.step_files is not None
+    assert blocks.tokens is None  # nothing per token is held
+    a, b = tmp_path / "whole", tmp_path / "blocks"
+    assert not (b / ".spill").exists()
+    for name in ("requests", "tokens", "steps", "counters"):
+        path = f"{name}.parquet"
+        assert (a / path).exists() == (b / path).exists(), path
+        if (a / path).exists():
+            pd.testing.assert_frame_equal(pd.read_parquet(a / path), pd.read_parquet(b / path))
+    if len(whole.requests) > 1000:  # the tokens really came in blocks
+        assert pq.ParquetFile(b / "tokens.parquet").metadata.num_row_groups > 10
+    summaries = [json.loads((f / "summary.json").read_text()) for f in (a, b)]
+    for s in summaries:
+        s.pop("config"), s.pop("config_digest")
+    same_values(*summaries, "summary")
+    files = sorted(p.name for p in (a / "metrics").glob("*")) if (a / "metrics").exists() else []
+    assert files == sorted(p.name for p in (b / "metrics").glob("*") if files)
+    for name in files:
+        x, y = a / "metrics" / name, b / "metrics" / name
+        if name.endswith(".jsonl"):
+            assert x.read_text() == y.read_text()
+        elif name.endswith(".json"):
+            same_values(json.loads(x.read_text()), json.loads(y.read_text()), name)
+        elif name.endswith(".csv"):
+            pd.testing.assert_frame_equal(pd.read_csv(x), pd.read_csv(y), rtol=1e-12)
+
+
+def test_weighted_values_give_numpys_quantiles_and_histogram_bit_for_bit():
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 7, 1000):
+        distinct = np.sort(rng.exponential(0.05, size).round(rng.integers(2, 9)))
+        counts = rng.integers(1, 6, size)
+        expanded = np.repeat(distinct, counts)
+        w = WeightedValues(distinct, counts)
+        for q in (0.0, 0.01, 0.1, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0, *rng.random(20)):
+            assert w.quantile(q) == np.quantile(expanded, q)
+        for p in (50, 90, 95, 99):
+            assert w.percentile(p) == np.percentile(expanded, p)
+        assert w.min() == expanded.min() and w.max() == expanded.max()
+        assert math.isclose(w.mean(), expanded.mean(), rel_tol=1e-12)
+        hist, edges = np.histogram(expanded, bins=50)
+        assert (w.histogram(50)[0] == hist).all() and (w.histogram(50)[1] == edges).all()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["workload.duration=60"], ["engine=vllm", "engine.pool_tokens=2000", "workload.duration=60"]],
+    ids=["slora_prefill_then_decode_runs", "vllm_preempted_runs"],
+)
+def test_pooled_gaps_from_the_token_clock_are_the_per_token_gaps(overrides):
+    tl = simulate_config(compose_config(overrides))
+    requests = tl.requests_frame()
+    ids, counts, times = grouped_tokens(tl.tokens_frame())
+    gaps = gaps_within(times, counts)
+    completed = (requests.status == "completed").to_numpy()
+    pool = PooledGaps(tl)
+    for rows in (np.ones(len(requests), dtype=bool), completed, ~completed):
+        mine = np.isin(ids, requests.request_id[rows]).repeat(counts - 1)
+        expect = np.sort(gaps[mine])
+        got = pool.of(rows)
+        assert np.array_equal(np.repeat(got.values, got.counts), expect)
+    if "engine=vllm" in overrides:
+        assert int(requests.preemptions.sum()) > 0  # runs split by preemption were pooled
+
+
+def test_counter_events_written_to_disk_come_back_by_time_ties_in_logged_order(tmp_path):
+    rng = np.random.default_rng(5)
+    names = ["a", "b", "c"]
+    memory, spilled = CounterLog(), CounterLog()
+    spilled.spill_to(tmp_path / "events.parquet", 17)
+    for burst in range(40):  # a cluster replica logs a burst of steps client by client
+        steps = np.sort(burst + rng.random(rng.integers(1, 30))).round(1)  # with ties
+        for client in range(3):
+            values = rng.random(steps.shape[0])
+            for log in (memory, spilled):
+                log.add_many(steps, client, values, values.cumsum(), DECODE)
+        for log in (memory, spilled):
+            log.add(float(burst + 0.5), 0, 1.0, 2.0, 0)
+    parts: list[pd.DataFrame] = []
+    spilled.write_sorted(names, parts.append)
+    assert len(parts) > 10
+    pd.testing.assert_frame_equal(pd.concat(parts, ignore_index=True), memory.frame(names))
+    assert not Path(tmp_path / "events.parquet").exists()
+
+
+def test_step_records_written_to_disk_are_the_in_memory_records(tmp_path):
+    memory, spilled = StepRecorder(), StepRecorder()
+    spilled.spill_to(tmp_path / "steps.parquet", 5)
+    rng = np.random.default_rng(2)
+    t = 0.0
+    for i in range(30):
+        k = int(rng.integers(1, 4))
+        ends = t + np.cumsum(rng.random(k))
+        for rec in (memory, spilled):
+            rec.record(t, ends, list(range(i, i + k)), i % 3, k + 1, 2 * k, i % 2)
+        t = float(ends[-1]) + 0.5
+    spilled.close()
+    read = pq.read_table(spilled.spill_file()).to_pandas()
+    expect = pd.DataFrame(memory.columns())
+    pd.testing.assert_frame_equal(read, expect)
+    assert pq.ParquetFile(spilled.spill_file()).metadata.num_row_groups > 3
+    for key, column in memory.clock_columns().items():
+        assert np.array_equal(spilled.clock_columns()[key], column)
