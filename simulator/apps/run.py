@@ -132,7 +132,15 @@ def run_config(
     budget = token_budget(cfg)
     spill = None
     if int(trace.output_len.sum()) > budget:  # may emit more tokens than one table holds
-        spill = SpillPlan(Path(out_dir, ".spill"), max(1, budget // 4))
+        # steps and counter events are written a sixteenth of the budget at a time: the
+        # buffer and the columns made to write it stay small beside the simulation's state
+        spill = SpillPlan(Path(out_dir, ".spill"), max(1, budget // 16))
+    comparison = None
+    other = cfg.get("compare_with")
+    if other and other != policy.name:  # first: its memory is gone before the run's is taken
+        with phase("comparison"):
+            again = None if spill is None else SpillPlan(spill.folder / "compare", spill.steps)
+            comparison = compare(trace, other, cost, engine, cluster, again)
     with phase("simulate"):
         timeline = simulate(trace, policy, cost, engine, cluster, progress, spill)
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
@@ -150,11 +158,8 @@ def run_config(
         with phase("write"):
             outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe)
     outputs.summary["unfit_requests"] = unfit_counts
-    other = cfg.get("compare_with")
-    if other and other != policy.name:
-        with phase("comparison"):
-            again = None if spill is None else SpillPlan(spill.folder / "compare", spill.steps)
-            outputs.summary["comparison"] = compare(trace, other, cost, engine, cluster, again)
+    if comparison is not None:
+        outputs.summary["comparison"] = comparison
     if spill is not None:
         shutil.rmtree(spill.folder, ignore_errors=True)
     write_summary(outputs.summary, out_dir)

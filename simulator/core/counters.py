@@ -97,8 +97,8 @@ class CounterLog:
         table = pa.table(self._columns())
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._spill, table.schema)
-        if table.num_rows:
-            self._writer.write_table(table)
+        if table.num_rows:  # one row group a part: write_sorted reads them back as parts
+            self._writer.write_table(table, row_group_size=table.num_rows)
             self._part_min.append(float(np.min(table.column("time").to_numpy())))
         self._clear()
 

@@ -454,7 +454,7 @@ class Runner:
             generated=np.asarray(state.generated, dtype=np.int64),
             steps=steps,
             token_runs=self.tokens.columns(offsets[:-1]),
-            token_clock=np.concatenate(clocks),
+            token_clock=clocks[0] if len(clocks) == 1 else np.concatenate(clocks),
             pool_tokens=reps[0].pool_tokens,
             counters=None if self.spill else _counters(self.policies),
             counter_logs=_counter_logs(self.policies) if self.spill else None,

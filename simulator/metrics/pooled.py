@@ -16,6 +16,7 @@ percentiles, a histogram), with the same order statistics as the expanded values
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -31,7 +32,12 @@ class WeightedValues:
 
     @property
     def size(self) -> int:
-        return int(self.counts.sum())
+        return int(self.ends[-1]) if self.ends.size else 0
+
+    @cached_property
+    def ends(self) -> np.ndarray:
+        """Each value's last rank + 1 in the expanded values."""
+        return np.cumsum(self.counts, dtype=np.int64)
 
     def mean(self) -> float:
         n = self.size
@@ -53,8 +59,8 @@ class WeightedValues:
         below = np.floor(virtual)
         if virtual >= n - 1:
             return float(self.values[-1])
-        ends = np.cumsum(self.counts)
-        a, b = self.values[np.searchsorted(ends, [int(below), int(below) + 1], side="right")]
+        ranks = [int(below), int(below) + 1]
+        a, b = self.values[np.searchsorted(self.ends, ranks, side="right")]
         t = virtual - below
         diff = b - a
         return float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t)
@@ -87,8 +93,10 @@ class PooledGaps:
         self._cross_row = self._row[after]
         steps = np.diff(clock)  # entry p - 1: the gap between ticks p - 1 and p
         entries = np.concatenate((steps, cross))
-        self._steps = steps.shape[0]
-        self._order = np.argsort(entries, kind="stable")
+        del steps, cross
+        self._steps = entries.shape[0] - self._cross_row.shape[0]
+        # int32 positions: half the memory of argsort's (a million-request run has 17M entries)
+        self._order = np.argsort(entries, kind="stable").astype(np.int32)
         self._sorted = entries[self._order]
 
     def of(self, rows: np.ndarray) -> WeightedValues:
@@ -96,12 +104,15 @@ class PooledGaps:
         mine = rows[self._row] & (self._count > 1)
         tick, count = self._tick[mine], self._count[mine]
         length = self._steps + 1
-        # a run covers the gaps ending at ticks tick + 1 .. tick + count - 1
-        cover = np.bincount(tick + 1, minlength=length + 1) - np.bincount(
-            tick + count, minlength=length + 1
-        )
-        weight = np.concatenate(
-            (np.cumsum(cover)[1:length], rows[self._cross_row].astype(np.int64))
-        )[self._order]
+        # a run covers the gaps ending at ticks tick + 1 .. tick + count - 1 (int32: no gap is
+        # shared by 2^31 requests)
+        cover = np.zeros(length + 1, dtype=np.int32)
+        np.add.at(cover, tick + 1, 1)
+        np.add.at(cover, tick + count, -1)
+        covered = np.cumsum(cover, dtype=np.int32)[1:length]
+        del cover
+        weight = np.concatenate((covered, rows[self._cross_row].astype(np.int32)))
+        del covered
+        weight = weight[self._order]
         keep = weight > 0
         return WeightedValues(self._sorted[keep], weight[keep])
