@@ -196,8 +196,8 @@ def tbt_selector(
     """The `percentiles` of the TBT gaps of the requests a mask over `requests` selects
     (`grouped_tokens`' output)."""
     tbt = gaps_within(times, counts)
-    by_id = pd.Index(requests["request_id"]).get_indexer(ids)
-    gap_row = by_id.repeat(counts - 1)  # each gap's request (row of `requests`)
+    by_id = pd.Index(requests["request_id"]).get_indexer(ids).astype(np.int32)
+    gap_row = by_id.repeat(counts - 1)  # each gap's request (row of `requests`; int32: compact)
 
     def tbt_of(rows: np.ndarray) -> dict[str, float]:
         return percentiles(tbt if rows.all() else tbt[rows[gap_row]])
