@@ -46,12 +46,17 @@ def grouped_tokens(tokens: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.nda
         return ids, np.empty(0, dtype=np.int64), np.empty(0)
     # a run folder keeps every request's tokens together in index order, usually by id too:
     # then no sort is needed (sorting tens of millions of rows dominated the metrics)
-    starts = np.flatnonzero(index == 0)
+    first = index == 0
+    starts = np.flatnonzero(first)
     counts = np.diff(np.append(starts, ids.size))
+    # grouped: every row but a request's first has its predecessor's id and the next index
+    # (compared neighbour to neighbour, without expanding each request's start to its rows:
+    # the Azure run's 4M tokens take 9 ms instead of 30-70 ms, and this runs 9 times a run)
+    first_or = first[1:]
     grouped = (
-        starts[0] == 0
-        and np.array_equal(ids[starts].repeat(counts), ids)
-        and np.array_equal(np.arange(ids.size) - starts.repeat(counts), index)
+        bool(first[0])
+        and bool(np.all(first_or | (ids[1:] == ids[:-1])))
+        and bool(np.all(first_or | (index[1:] - index[:-1] == 1)))
     )
     if grouped and bool(np.all(np.diff(ids[starts]) > 0)):
         return ids[starts], counts, times
