@@ -1,23 +1,45 @@
-"""Work in a forked child while the parent goes on (simulator/report/background.py): the work
-is done when the block ends, a child's failure is raised in the parent, and a failing block
-stops the child instead of waiting for it."""
+"""Work in a forked child while the parent goes on (simulator/report/background.py): the child
+prepares first, gets the work's arrays intact through the shared file, returns the work's
+result, reports a failure as an error in the parent, is stopped at once when the parent fails,
+and leaves no file behind; without fork the same calls run the work in the parent."""
 
 from __future__ import annotations
 
+import glob
+import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from simulator.report.background import in_background
+from simulator.report import background
+from simulator.report.background import Worker
+
+prepared: list[str] = []  # what `_prepare` did in this process
 
 
-def _write(path: Path, text: str) -> None:
-    path.write_text(text)
+def _prepare() -> None:
+    prepared.append("ready")
+
+
+def _describe(arrays: dict[str, np.ndarray], note: str) -> dict[str, object]:
+    """What the child saw: the arrays' digests, whether it could write to one, and whether
+    `_prepare` ran before the work, in the process doing the work."""
+    sums = {k: float(np.asarray(v, dtype=np.float64).sum()) for k, v in arrays.items()}
+    arrays["big"][0] = -1.0  # writable; in a child, a private copy: the parent's stays
+    return {
+        "sums": sums,
+        "dtypes": {k: str(v.dtype) for k, v in arrays.items()},
+        "shapes": {k: v.shape for k, v in arrays.items()},
+        "prepared": list(prepared),
+        "pid": os.getpid(),
+        "note": note,
+    }
 
 
 def _fail() -> None:
-    raise ValueError("boom")
+    raise ValueError("boom in the work")
 
 
 def _sleep_then_write(path: Path) -> None:
@@ -25,24 +47,72 @@ def _sleep_then_write(path: Path) -> None:
     path.write_text("late")
 
 
-def test_the_childs_work_is_done_when_the_block_ends(tmp_path):
-    target = tmp_path / "out.txt"
-    with in_background(_write, target, "written by the child"):
+def _arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    big = rng.random(300_001)  # odd sizes: the next array's data must still be aligned
+    return {
+        "big": big,
+        "ints": np.arange(12_345, dtype=np.int32),
+        "empty": np.empty(0),
+        "strided": big[::3],  # not contiguous: pickled in-band
+        "bools": rng.random(1001) > 0.5,
+    }
+
+
+def _shared_files() -> set[str]:
+    return set(glob.glob("/dev/shm/fairsim-*")) | set(glob.glob("/tmp/fairsim-*"))
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["child", "inline"])
+def test_the_work_gets_its_arrays_intact_after_prepare_and_returns_its_result(fork, monkeypatch):
+    if not fork:
+        monkeypatch.setattr(background, "can_fork", lambda: False)
+    elif not background.can_fork():
+        pytest.skip("fork is unavailable here")
+    before = _shared_files()
+    prepared.clear()
+    arrays = _arrays()
+    want = {k: float(np.asarray(v, dtype=np.float64).sum()) for k, v in arrays.items()}
+    with Worker(_prepare) as worker:
+        worker.submit(_describe, arrays, "hello")
         meanwhile = sum(range(1000))  # the parent goes on
+        got = worker.result()
     assert meanwhile == 499500
-    assert target.read_text() == "written by the child"
+    assert got["note"] == "hello"
+    assert got["prepared"] == ["ready"]
+    assert got["dtypes"] == {k: str(v.dtype) for k, v in arrays.items()}
+    assert got["shapes"] == {k: v.shape for k, v in arrays.items()}
+    assert got["sums"] == want
+    if fork:
+        assert got["pid"] != os.getpid()
+        assert arrays["big"][0] != -1.0, "the child's write reached the parent's array"
+        assert prepared == []  # prepared in the child, not here
+    assert _shared_files() == before
 
 
-def test_a_failing_child_is_an_error_in_the_parent():
-    failed = pytest.raises(RuntimeError, match="_fail failed in its child process")
-    with failed, in_background(_fail):
-        pass
+def test_a_failing_work_is_an_error_in_the_parent_with_its_traceback():
+    with Worker() as worker:
+        worker.submit(_fail)
+        with pytest.raises(RuntimeError, match="(?s)failed in its child process.*boom in the work"):
+            worker.result()
 
 
-def test_a_failing_block_stops_the_child_at_once(tmp_path):
+def test_a_failing_parent_stops_the_child_at_once(tmp_path):
     target = tmp_path / "late.txt"
+    before = _shared_files()
     start = time.monotonic()
-    with pytest.raises(KeyError), in_background(_sleep_then_write, target):
+    with pytest.raises(KeyError), Worker() as worker:
+        worker.submit(_sleep_then_write, target)
         raise KeyError("the parent failed")
     assert time.monotonic() - start < 10  # not the child's 30 s
     assert not target.exists()
+    assert _shared_files() == before
+
+
+def test_a_worker_given_no_work_ends_without_waiting():
+    start = time.monotonic()
+    with Worker(_prepare):
+        pass
+    assert time.monotonic() - start < 10
+    with pytest.raises(RuntimeError, match="nothing was submitted"):
+        Worker().result()

@@ -10,7 +10,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,12 @@ from simulator.core.timeline import SpillPlan, Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
-from simulator.metrics.fluidity import Ragged, miss_rate_at_tbt_targets
+from simulator.metrics.fluidity import Ragged
 from simulator.metrics.latency import inter_token_gaps
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
-from simulator.report.background import in_background
+from simulator.report.background import Worker
 from simulator.report.blockwise import QoESetup, write_run_in_blocks
 from simulator.report.run_folder import (
     RunOutputs,
@@ -47,7 +47,13 @@ from simulator.report.run_folder import (
     write_run,
     write_summary,
 )
-from simulator.report.veeksha import write_distributions, write_veeksha_metrics
+from simulator.report.veeksha import (
+    prefilled_tokens,
+    prepare_plots,
+    request_level_columns,
+    write_gap_files,
+    write_veeksha_summaries,
+)
 from traces.schema import Trace
 
 
@@ -135,28 +141,31 @@ def run_config(
         # steps and counter events are written a sixteenth of the budget at a time: the
         # buffer and the columns made to write it stay small beside the simulation's state
         spill = SpillPlan(Path(out_dir, ".spill"), max(1, budget // 16))
-    comparison = None
-    other = cfg.get("compare_with")
-    if other and other != policy.name:  # first: its memory is gone before the run's is taken
-        with phase("comparison"):
-            again = None if spill is None else SpillPlan(spill.folder / "compare", spill.steps)
-            comparison = compare(trace, other, cost, engine, cluster, again)
-    with phase("simulate"):
-        timeline = simulate(trace, policy, cost, engine, cluster, progress, spill)
-    resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    if spill is not None:
-        with phase("write"):
-            setup = qoe_setup(cfg, cost, engine, slos) if cfg.get("qoe") else None
-            outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
-    else:
-        with phase("tables"):
-            tables = run_tables(timeline)
-        qoe = None
-        if cfg.get("qoe"):
-            with phase("qoe inputs"):
-                qoe = qoe_inputs(qoe_setup(cfg, cost, engine, slos), tables)
-        with phase("write"):
-            outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe)
+    # the Veeksha plots' child starts now: it imports matplotlib while this process simulates
+    drawn = spill is None and bool(cfg.get("qoe")) and bool(cfg.get("veeksha_metrics", True))
+    with Worker(prepare_plots) if drawn else nullcontext() as worker:
+        comparison = None
+        other = cfg.get("compare_with")
+        if other and other != policy.name:  # first: its memory is gone before the run's is taken
+            with phase("comparison"):
+                again = None if spill is None else SpillPlan(spill.folder / "compare", spill.steps)
+                comparison = compare(trace, other, cost, engine, cluster, again)
+        with phase("simulate"):
+            timeline = simulate(trace, policy, cost, engine, cluster, progress, spill)
+        resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+        if spill is not None:
+            with phase("write"):
+                setup = qoe_setup(cfg, cost, engine, slos) if cfg.get("qoe") else None
+                outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
+        else:
+            with phase("tables"):
+                tables = run_tables(timeline)
+            qoe = None
+            if cfg.get("qoe"):
+                with phase("qoe inputs"):
+                    qoe = qoe_inputs(qoe_setup(cfg, cost, engine, slos), tables)
+            with phase("write"):
+                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, worker)
     outputs.summary["unfit_requests"] = unfit_counts
     if comparison is not None:
         outputs.summary["comparison"] = comparison
@@ -202,8 +211,9 @@ class QoEInputs:
     fluidity: pd.DataFrame  # request_fluidity's table
     values: dict[str, np.ndarray]  # request_values' per-request metrics
     # every completed request's inter-token gaps less the first, until `summarize` has used
-    # them (the distributions child has its own)
+    # them (values["tbc"] is the same array: the pooled gaps)
     decode_gaps: Ragged | None
+    rows: dict[str, np.ndarray] | None  # request_level_columns (None: no Veeksha files)
     summary: dict[str, Any] | None = None  # the summary's `qoe` block, once summarized
 
     @property
@@ -226,7 +236,9 @@ def qoe_inputs(setup: QoESetup, tables: RunTables) -> QoEInputs:
     flu = request_fluidity(r, t, setup.config, setup.curve)
     values = request_values(r, t, setup.config, setup.curve, flu)
     decode_gaps = inter_token_gaps(r, t)[1].drop_first()
-    return QoEInputs(setup, flu, values, decode_gaps)
+    values["tbc"] = decode_gaps.values  # the same gaps in the same order: one array, not two
+    rows = request_level_columns(r, t, setup.config, setup.curve, flu) if setup.veeksha else None
+    return QoEInputs(setup, flu, values, decode_gaps, rows)
 
 
 def write_run_with_qoe(
@@ -235,45 +247,35 @@ def write_run_with_qoe(
     resolved: dict[str, Any],
     tables: RunTables,
     qoe: QoEInputs | None,
+    plots: Worker | None = None,
 ) -> RunOutputs:
     """`write_run` (leaving the folder marked running), the QoE summary and the Veeksha files,
-    the distributions drawn meanwhile in a child process."""
-    with distributions_in_background(qoe, out_dir):
+    the distributions drawn meanwhile by `plots` (a `Worker` of `prepare_plots`; one is
+    started here if none is given)."""
+    with ExitStack() as stack:
+        if qoe is not None and qoe.rows is not None:
+            assert qoe.decode_gaps is not None
+            plots = plots or stack.enter_context(Worker(prepare_plots))
+            folder = Path(out_dir, "metrics")
+            folder.mkdir(parents=True, exist_ok=True)
+            # before the tables are written, so that the child writes while they are
+            exact = qoe.config.exact
+            plots.submit(write_gap_files, folder, qoe.rows, qoe.decode_gaps, qoe.values, exact)
         if qoe is not None:
             qoe.summarize(tables)
         outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
         if qoe is not None:
             add_qoe(outputs, out_dir, qoe)
+        if qoe is not None and qoe.rows is not None:
+            assert plots is not None
+            plots.result()
     return outputs
-
-
-@contextmanager
-def distributions_in_background(qoe: QoEInputs | None, out_dir: str | Path) -> Iterator[None]:
-    """The Veeksha histograms and deadline-miss curve, drawn in a child process while the
-    with-block writes everything else (nothing, when the run writes no Veeksha files). Started
-    before the run folder's tables are written, the child overlaps them and the comparison run:
-    bench/cli_end_to_end.py (azure), median of 8 runs interleaved with the previous order, 5.15 s
-    -> 4.6 s (with Arrow on the system allocator, see simulator/apps/command.py)."""
-    if qoe is None or not qoe.setup.veeksha:
-        yield
-        return
-    folder = Path(out_dir, "metrics")
-    folder.mkdir(parents=True, exist_ok=True)
-    with in_background(_draw_distributions, folder, qoe):
-        yield
-
-
-def _draw_distributions(folder: Path, qoe: QoEInputs) -> None:
-    # takes `qoe`, not its gaps, so that the parent can let go of them (QoEInputs.decode_gaps)
-    assert qoe.decode_gaps is not None
-    curve = miss_rate_at_tbt_targets(qoe.decode_gaps, exact=qoe.config.exact)
-    write_distributions(folder, qoe.values, curve)
 
 
 def add_qoe(outputs: RunOutputs, out_dir: str | Path, qoe: QoEInputs) -> None:
     """The `qoe` block (`QoEInputs.summarize`) and the SLO results of the summary (the caller
     writes summary.json), and (unless switched off) the Veeksha-compatible files under
-    metrics/ other than the distributions (`distributions_in_background`)."""
+    metrics/ other than `write_gap_files`'."""
     if qoe.summary is None:
         raise RuntimeError("add_qoe: QoEInputs.summarize comes first")
     outputs.summary["qoe"] = qoe.summary
@@ -282,20 +284,18 @@ def add_qoe(outputs: RunOutputs, out_dir: str | Path, qoe: QoEInputs) -> None:
         results = evaluate_slos(setup.slos, qoe.values)
         outputs.summary["slo_results"] = json_safe(results)
         return
-    assert outputs.tokens is not None and outputs.steps is not None
-    results = write_veeksha_metrics(
+    assert outputs.steps is not None and qoe.rows is not None
+    results = write_veeksha_summaries(
         Path(out_dir, "metrics"),
         outputs.requests,
-        outputs.tokens,
-        outputs.steps,
-        setup.config,
-        setup.curve,
+        len(qoe.rows["request_id"]),
+        qoe.values,
+        qoe.summary["fluid_token_rate"],
+        qoe.rows["num_delta_prompt_tokens"],
+        qoe.rows["ttfc"],
+        prefilled_tokens(outputs.steps),
         setup.slos,
         setup.configured_rate,
-        fluid_token_rate=outputs.summary["qoe"]["fluid_token_rate"],
-        fluidity_table=qoe.fluidity,
-        values=qoe.values,
-        distributions=False,
     )
     outputs.summary["slo_results"] = json_safe(results)
 

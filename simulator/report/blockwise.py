@@ -143,11 +143,10 @@ class _Scores:
         if self.curve is None:
             return
         self.curve.add(decode)
-        del decode
-        columns, gaps = request_level_columns(requests, tokens, cfg, curve, flu)
+        columns = request_level_columns(requests, tokens, cfg, curve, flu)
         path = self.metrics / "request_level_metrics.jsonl"
-        write_request_level_metrics(path, columns, gaps, append=True)
-        self.completed += len(gaps)
+        write_request_level_metrics(path, columns, decode, append=True)
+        self.completed += len(columns["request_id"])
         self.prompt.append(columns["num_delta_prompt_tokens"])
         self.ttfc.append(columns["ttfc"])
 

@@ -19,6 +19,7 @@ import orjson
 import pandas as pd
 
 from simulator.metrics import fluidity, latency
+from simulator.metrics.fluidity import Ragged
 from simulator.metrics.pooled import WeightedValues
 from simulator.metrics.prefill_curve import PrefillCurve
 from simulator.metrics.qoe import QoEConfig, request_fluidity, request_values
@@ -48,21 +49,17 @@ def request_level_columns(
     cfg: QoEConfig,
     curve: PrefillCurve | None,
     fluidity_table: pd.DataFrame | None = None,
-) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-    """Veeksha's per-request fields of every completed request, in arrival order, as columns,
-    and each one's decode gaps (`tbc`). `fluidity_table`: `request_fluidity` of these tables,
-    when the caller has it already."""
+) -> dict[str, np.ndarray]:
+    """Veeksha's per-request fields of every completed request, in arrival order, as columns
+    (`write_request_level_metrics` adds each one's decode gaps). `fluidity_table`:
+    `request_fluidity` of these tables, when the caller has it already."""
     done = requests[requests.status == "completed"]
     done_tokens = latency.tokens_of(tokens, done.request_id)
     ids = done.request_id.to_numpy()
     lat = latency.per_request_latency(done, done_tokens, "veeksha").reindex(ids)
-    facts, gaps = latency.inter_token_gaps(done, done_tokens)
     if fluidity_table is None:
         fluidity_table = request_fluidity(done, done_tokens, cfg, curve)
     flu = fluidity_table.reindex(ids)
-    decode = gaps.drop_first()
-    tbc = np.split(decode.values, np.cumsum(decode.lengths)[:-1])
-    at = pd.Index(facts.request_id).get_indexer(ids)
     prompt = done.prompt_len.to_numpy()
     emitted = done.tokens_emitted.to_numpy()
     columns = {
@@ -87,14 +84,22 @@ def request_level_columns(
         "missed_deadlines": flu.missed.to_numpy(),
         "total_deadlines": flu.total.to_numpy(),
     }
-    return columns, [tbc[i] for i in at.tolist()]
+    return columns
 
 
 def write_request_level_metrics(
-    path: Path, columns: dict[str, np.ndarray], tbc: list[np.ndarray], append: bool = False
+    path: Path, columns: dict[str, np.ndarray], decode_gaps: Ragged, append: bool = False
 ) -> None:
-    """One JSON object per request (NaN written as null), the decode gaps under `tbc`
-    (`append`: after the requests already in the file)."""
+    """One JSON object per request of `request_level_columns` (NaN written as null), its decode
+    gaps under `tbc`: `decode_gaps` holds those of the same requests by increasing request_id,
+    as `inter_token_gaps` gives them (`append`: after the requests already in the file)."""
+    ids = columns["request_id"]
+    if decode_gaps.lengths.shape[0] != ids.shape[0]:
+        raise ValueError(
+            f"{ids.shape[0]} request rows but decode gaps of {decode_gaps.lengths.shape[0]}"
+        )
+    by_id = np.split(decode_gaps.values, np.cumsum(decode_gaps.lengths)[:-1])
+    tbc = [by_id[i] for i in np.searchsorted(np.sort(ids), ids).tolist()]
     names = list(columns)
     rows = zip(*(columns[name].tolist() for name in names), tbc, strict=True)
     option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
@@ -201,45 +206,46 @@ def write_veeksha_metrics(
     curve: PrefillCurve | None = None,
     slos: list[SLO] | None = None,
     configured_rate: float | None = None,
-    fluid_token_rate: float | None = None,
-    fluidity_table: pd.DataFrame | None = None,
-    values: dict[str, np.ndarray] | None = None,
-    distributions: bool = True,
 ) -> dict[str, Any]:
-    """Write every file; return slo_results (also written) for the caller's summary.
-    `fluid_token_rate`, `fluidity_table` (`request_fluidity`) and `values` (`request_values`):
-    pass the ones already computed. `distributions=False`: the caller writes
-    `write_distributions`' files (e.g. in a child process, meanwhile)."""
+    """Write every file; return slo_results (also written) for the caller's summary."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    columns, request_gaps = request_level_columns(requests, tokens, cfg, curve, fluidity_table)
-    write_request_level_metrics(out / "request_level_metrics.jsonl", columns, request_gaps)
-    completed = len(request_gaps)
-    del request_gaps  # views of a copy of every gap: freed before the next ones are made
-    if values is None:
-        values = request_values(requests, tokens, cfg, curve, fluidity_table)
-    if fluid_token_rate is None or distributions:
-        decode_gaps = latency.inter_token_gaps(requests, tokens)[1].drop_first()
-        if fluid_token_rate is None:
-            fluid_token_rate = fluidity.fluid_token_rate(decode_gaps, cfg.exact)
-        if distributions:
-            curve_frame = fluidity.miss_rate_at_tbt_targets(decode_gaps, exact=cfg.exact)
-            write_distributions(out, values, curve_frame)
-        del decode_gaps
-    prefilled = int(steps.num_tokens[steps.kind == "prefill"].sum())
-    prompt, ttfc = columns["num_delta_prompt_tokens"], columns["ttfc"]
+    fluidity_table = request_fluidity(requests, tokens, cfg, curve)
+    columns = request_level_columns(requests, tokens, cfg, curve, fluidity_table)
+    values = request_values(requests, tokens, cfg, curve, fluidity_table)
+    decode_gaps = latency.inter_token_gaps(requests, tokens)[1].drop_first()
+    write_gap_files(out, columns, decode_gaps, values, cfg.exact)
     return write_veeksha_summaries(
         out,
         requests,
-        completed,
+        len(columns["request_id"]),
         values,
-        fluid_token_rate,
-        prompt,
-        ttfc,
-        prefilled,
+        fluidity.fluid_token_rate(decode_gaps, cfg.exact),
+        columns["num_delta_prompt_tokens"],
+        columns["ttfc"],
+        prefilled_tokens(steps),
         slos,
         configured_rate,
     )
+
+
+def write_gap_files(
+    out: Path,
+    columns: dict[str, np.ndarray],
+    decode_gaps: Ragged,
+    values: Mapping[str, np.ndarray],
+    exact: bool,
+) -> None:
+    """The files made of every decode gap: request_level_metrics.jsonl (the rows of
+    `request_level_columns`, each with its gaps), the distributions and the deadline-miss
+    curve. A run writes them in a child process while it writes the rest."""
+    write_request_level_metrics(out / "request_level_metrics.jsonl", columns, decode_gaps)
+    write_distributions(out, values, fluidity.miss_rate_at_tbt_targets(decode_gaps, exact=exact))
+
+
+def prefilled_tokens(steps: pd.DataFrame) -> int:
+    """Prompt tokens the prefill steps processed (Veeksha's health check)."""
+    return int(steps.num_tokens[steps.kind == "prefill"].sum())
 
 
 def write_veeksha_summaries(
@@ -254,10 +260,9 @@ def write_veeksha_summaries(
     slos: list[SLO] | None,
     configured_rate: float | None,
 ) -> dict[str, Any]:
-    """The files other than the request-level rows and the distributions, from what those
-    were made of: `completed` requests, `request_values`, the fluid token rate, each completed
-    request's prompt length and TTFC, and the prompt tokens the prefill steps processed.
-    Returns slo_results."""
+    """The files other than `write_gap_files`', from what those were made of: `completed`
+    requests, `request_values`, the fluid token rate, each completed request's prompt length
+    and TTFC, and the prompt tokens the prefill steps processed. Returns slo_results."""
     errored = int(requests.status.isin(["rejected", "refused", "failed"]).sum())
     _dump(
         out / "summary_stats.json",
@@ -334,3 +339,10 @@ def _figure() -> Any:
     from matplotlib.figure import Figure
 
     return Figure(figsize=(5, 3.2))
+
+
+def prepare_plots() -> None:
+    """Import what drawing and saving the distribution plots needs (about 0.4 s), ahead of
+    them (simulator/report/background.py)."""
+    import matplotlib.backends.backend_agg  # noqa: F401 - the canvas savefig switches to
+    import matplotlib.figure  # noqa: F401
