@@ -1,7 +1,8 @@
 """Work in a forked child while the parent goes on (simulator/report/background.py): the child
-prepares first, gets the work's arrays intact through the shared file, returns the work's
-result, reports a failure as an error in the parent, is stopped at once when the parent fails,
-and leaves no file behind; without fork the same calls run the work in the parent."""
+prepares first, runs each submitted work in order with its arrays intact through the shared
+files, returns their results, reports a failure as an error in the parent, is stopped at once
+when the parent fails, and leaves no file behind; without fork the same calls run the works in
+the parent."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _describe(arrays: dict[str, np.ndarray], note: str) -> dict[str, object]:
     """What the child saw: the arrays' digests, whether it could write to one, and whether
     `_prepare` ran before the work, in the process doing the work."""
     sums = {k: float(np.asarray(v, dtype=np.float64).sum()) for k, v in arrays.items()}
-    arrays["big"][0] = -1.0  # writable; in a child, a private copy: the parent's stays
+    if "big" in arrays:
+        arrays["big"][0] = -1.0  # writable; in a child, a private copy: the parent's stays
     return {
         "sums": sums,
         "dtypes": {k: str(v.dtype) for k, v in arrays.items()},
@@ -74,11 +76,14 @@ def test_the_work_gets_its_arrays_intact_after_prepare_and_returns_its_result(fo
     arrays = _arrays()
     want = {k: float(np.asarray(v, dtype=np.float64).sum()) for k, v in arrays.items()}
     with Worker(_prepare) as worker:
-        worker.submit(_describe, arrays, "hello")
+        worker.submit(_describe, arrays, "first")
         meanwhile = sum(range(1000))  # the parent goes on
-        got = worker.result()
+        worker.submit(_describe, {"ints": arrays["ints"]}, "second")
+        got, second = worker.results()
     assert meanwhile == 499500
-    assert got["note"] == "hello"
+    assert got["note"] == "first"
+    assert second["note"] == "second"
+    assert second["sums"] == {"ints": want["ints"]}
     assert got["prepared"] == ["ready"]
     assert got["dtypes"] == {k: str(v.dtype) for k, v in arrays.items()}
     assert got["shapes"] == {k: v.shape for k, v in arrays.items()}
@@ -93,8 +98,9 @@ def test_the_work_gets_its_arrays_intact_after_prepare_and_returns_its_result(fo
 def test_a_failing_work_is_an_error_in_the_parent_with_its_traceback():
     with Worker() as worker:
         worker.submit(_fail)
+        worker.submit(_describe, {}, "after the failure")
         with pytest.raises(RuntimeError, match="(?s)failed in its child process.*boom in the work"):
-            worker.result()
+            worker.results()
 
 
 def test_a_failing_parent_stops_the_child_at_once(tmp_path):
@@ -113,6 +119,6 @@ def test_a_worker_given_no_work_ends_without_waiting():
     start = time.monotonic()
     with Worker(_prepare):
         pass
+    with Worker(_prepare) as worker:
+        assert worker.results() == []
     assert time.monotonic() - start < 10
-    with pytest.raises(RuntimeError, match="nothing was submitted"):
-        Worker().result()

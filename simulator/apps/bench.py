@@ -24,7 +24,7 @@ from simulator.apps import sweep
 from simulator.apps.bench_client import Received, Replay, TargetConfig, preflight
 from simulator.apps.command import run_command
 from simulator.apps.config_check import build_block
-from simulator.apps.run import build_trace, qoe_inputs, qoe_setup, write_run_with_qoe
+from simulator.apps.run import build_trace, qoe_setup, write_run_with_qoe
 from simulator.apps.serve import run_loop
 from simulator.apps.tokenizer import load_tokenizer
 from simulator.core.timeline import STEP_COLUMNS, Timeline
@@ -105,14 +105,14 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     timeline = measured_timeline(trace, received, info)
     tables = run_tables(timeline)
-    qoe, slos = None, []
+    setup = None
     if cfg.get("qoe"):
         raw = cfg.get("slos")
         slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
         cost = instantiate(cfg.cost_model, _convert_="all")
         engine = instantiate(cfg.engine, _convert_="all")
-        qoe = qoe_inputs(qoe_setup(cfg, cost, engine, slos), tables)
-    outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe)
+        setup = qoe_setup(cfg, cost, engine, slos)
+    outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, setup)
     outputs.summary["clock"] = clock
     write_summary(outputs.summary, out_dir)
     mark_completed(out_dir, outputs.summary["config_digest"])

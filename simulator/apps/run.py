@@ -51,7 +51,8 @@ from simulator.report.veeksha import (
     prefilled_tokens,
     prepare_plots,
     request_level_columns,
-    write_gap_files,
+    write_miss_curve,
+    write_rows_and_distributions,
     write_veeksha_summaries,
 )
 from traces.schema import Trace
@@ -143,7 +144,7 @@ def run_config(
         spill = SpillPlan(Path(out_dir, ".spill"), max(1, budget // 16))
     # the Veeksha plots' child starts now: it imports matplotlib while this process simulates
     drawn = spill is None and bool(cfg.get("qoe")) and bool(cfg.get("veeksha_metrics", True))
-    with Worker(prepare_plots) if drawn else nullcontext() as worker:
+    with Worker(prepare_plots) if drawn else nullcontext() as plots:
         comparison = None
         other = cfg.get("compare_with")
         if other and other != policy.name:  # first: its memory is gone before the run's is taken
@@ -153,19 +154,15 @@ def run_config(
         with phase("simulate"):
             timeline = simulate(trace, policy, cost, engine, cluster, progress, spill)
         resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+        setup = qoe_setup(cfg, cost, engine, slos) if cfg.get("qoe") else None
         if spill is not None:
             with phase("write"):
-                setup = qoe_setup(cfg, cost, engine, slos) if cfg.get("qoe") else None
                 outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
         else:
             with phase("tables"):
                 tables = run_tables(timeline)
-            qoe = None
-            if cfg.get("qoe"):
-                with phase("qoe inputs"):
-                    qoe = qoe_inputs(qoe_setup(cfg, cost, engine, slos), tables)
             with phase("write"):
-                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, worker)
+                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, setup, plots)
     outputs.summary["unfit_requests"] = unfit_counts
     if comparison is not None:
         outputs.summary["comparison"] = comparison
@@ -221,9 +218,7 @@ class QoEInputs:
         return self.setup.config
 
     def summarize(self, tables: RunTables) -> None:
-        """The summary's `qoe` block. It lets go of the gaps before the run folder is written
-        (with Parquet written a row group at a time, bench/cli_end_to_end.py --workload core,
-        26M tokens, peaks at 1.64 GB instead of 1.82 GB, azure at 452 MB instead of 492 MB)."""
+        """The summary's `qoe` block; the gaps are not needed after it."""
         r, t, _ = tables
         curve = self.setup.curve
         block = qoe_summary(r, t, self.config, curve, self.fluidity, self.decode_gaps)
@@ -231,11 +226,11 @@ class QoEInputs:
         self.decode_gaps = None
 
 
-def qoe_inputs(setup: QoESetup, tables: RunTables) -> QoEInputs:
+def qoe_inputs(setup: QoESetup, tables: RunTables, decode_gaps: Ragged) -> QoEInputs:
+    """`decode_gaps`: `inter_token_gaps` of the tables, less each request's first."""
     r, t, _ = tables
     flu = request_fluidity(r, t, setup.config, setup.curve)
     values = request_values(r, t, setup.config, setup.curve, flu)
-    decode_gaps = inter_token_gaps(r, t)[1].drop_first()
     values["tbc"] = decode_gaps.values  # the same gaps in the same order: one array, not two
     rows = request_level_columns(r, t, setup.config, setup.curve, flu) if setup.veeksha else None
     return QoEInputs(setup, flu, values, decode_gaps, rows)
@@ -246,36 +241,42 @@ def write_run_with_qoe(
     out_dir: str | Path,
     resolved: dict[str, Any],
     tables: RunTables,
-    qoe: QoEInputs | None,
+    setup: QoESetup | None,
     plots: Worker | None = None,
 ) -> RunOutputs:
-    """`write_run` (leaving the folder marked running), the QoE summary and the Veeksha files,
-    the distributions drawn meanwhile by `plots` (a `Worker` of `prepare_plots`; one is
-    started here if none is given)."""
+    """`write_run` (leaving the folder marked running), the QoE summary and the Veeksha files
+    (`setup`: the `qoe:` block's, None for none). The Veeksha files made of every decode gap
+    are written meanwhile by `plots` (a `Worker` of `prepare_plots`; one is started here if
+    none is given): the miss curve as soon as the gaps exist, then the rows and the
+    distributions."""
     with ExitStack() as stack:
-        if qoe is not None and qoe.rows is not None:
-            assert qoe.decode_gaps is not None
-            plots = plots or stack.enter_context(Worker(prepare_plots))
+        qoe = None
+        if setup is not None:
+            r, t, _ = tables
+            decode_gaps = inter_token_gaps(r, t)[1].drop_first()
             folder = Path(out_dir, "metrics")
-            folder.mkdir(parents=True, exist_ok=True)
-            # before the tables are written, so that the child writes while they are
-            exact = qoe.config.exact
-            plots.submit(write_gap_files, folder, qoe.rows, qoe.decode_gaps, qoe.values, exact)
-        if qoe is not None:
+            if setup.veeksha:
+                plots = plots or stack.enter_context(Worker(prepare_plots))
+                folder.mkdir(parents=True, exist_ok=True)
+                plots.submit(write_miss_curve, folder, decode_gaps, setup.config.exact)
+            qoe = qoe_inputs(setup, tables, decode_gaps)
+            if plots is not None and qoe.rows is not None:
+                plots.submit(
+                    write_rows_and_distributions, folder, qoe.rows, decode_gaps, qoe.values
+                )
             qoe.summarize(tables)
         outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
         if qoe is not None:
             add_qoe(outputs, out_dir, qoe)
-        if qoe is not None and qoe.rows is not None:
-            assert plots is not None
-            plots.result()
+        if plots is not None:
+            plots.results()
     return outputs
 
 
 def add_qoe(outputs: RunOutputs, out_dir: str | Path, qoe: QoEInputs) -> None:
     """The `qoe` block (`QoEInputs.summarize`) and the SLO results of the summary (the caller
     writes summary.json), and (unless switched off) the Veeksha-compatible files under
-    metrics/ other than `write_gap_files`'."""
+    metrics/ other than the rows, the distributions and the miss curve."""
     if qoe.summary is None:
         raise RuntimeError("add_qoe: QoEInputs.summarize comes first")
     outputs.summary["qoe"] = qoe.summary

@@ -66,8 +66,8 @@ def served_intervals(
 def _clients(intervals: pd.DataFrame) -> list[str]:
     """Clients with at least one served request, in the categorical's order (else sorted)."""
     col = intervals["client"]
-    names = list(col.cat.categories) if hasattr(col, "cat") else sorted(set(col))
-    served = set(col[intervals["served"]])
+    names = list(col.cat.categories) if hasattr(col, "cat") else sorted(col.unique())
+    served = set(col[intervals["served"]].unique())  # not the rows: 0.1 s of a 19k-row run
     return [c for c in names if c in served]
 
 

@@ -1,13 +1,13 @@
 """Work in a forked child process while this one goes on (`Worker`).
 
-A run's Veeksha plots and deadline-miss curve need only arrays this process holds, and take
-about 1.5 s of the Azure conversation run, a third of it importing matplotlib; on a machine with
-a second core they cost nothing while this process writes the other files. The child is forked
-when the run starts, so that it imports what its work needs while this process simulates (a core
-is idle then), and gets the work's arrays when they exist: pickled, with their data written once
-to a temporary file that the child maps instead of reading through a pipe (65 MB of gaps take
-0.2 s through a pipe, 0.03 s this way). Where fork is unavailable or unsafe (Windows, macOS) the
-work runs here, when it is submitted.
+A run's Veeksha rows, plots and deadline-miss curve need only arrays this process holds, and
+take about 2 s of the Azure conversation run, a fifth of it importing matplotlib; on a machine
+with a second core they cost little while this process computes and writes the other files. The
+child is forked when the run starts, so that it imports what its work needs while this process
+simulates (a core is idle then), and gets each work's arrays when they exist: pickled, with
+their data written once to a temporary file that the child maps instead of reading through a
+pipe (65 MB of gaps take 0.2 s through a pipe, 0.03 s this way). Where fork is unavailable or
+unsafe (Windows, macOS) the works run here, when their results are asked for.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def can_fork() -> bool:
 
 
 class Worker:
-    """A child process that runs `prepare()` at once (e.g. imports), then one piece of work
-    submitted later (`submit`), and returns its result (`result`). As a context manager it
-    stops the child at the end unless the result was taken."""
+    """A child process that runs `prepare()` at once (e.g. imports), then each piece of work
+    submitted later (`submit`), in order, and gives back their results (`results`). As a
+    context manager it stops the child at the end unless the results were taken."""
 
     def __init__(self, prepare: Callable[[], None] | None = None) -> None:
         self._prepare = prepare
-        self._inline: tuple[Callable[..., Any], tuple[Any, ...]] | None = None
-        self._data: str | None = None  # the shared file of the submitted arrays
+        self._inline: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._files: list[str] = []  # the shared files of the submitted arrays
         self._child: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         if can_fork():
@@ -57,14 +57,15 @@ class Worker:
             self._conn = ours
 
     def submit(self, work: Callable[..., Any], *args: Any) -> None:
-        """Start `work(*args)` in the child (`work` must be a module-level function)."""
+        """Queue `work(*args)` in the child (`work` must be a module-level function)."""
         if self._conn is None:
-            self._inline = (work, args)
+            self._inline.append((work, args))
             return
         buffers: list[pickle.PickleBuffer] = []
         payload = pickle.dumps((work, args), protocol=5, buffer_callback=buffers.append)
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk
-        fd, self._data = tempfile.mkstemp(prefix="fairsim-", dir=folder)
+        fd, path = tempfile.mkstemp(prefix="fairsim-", dir=folder)
+        self._files.append(path)
         spans = []
         with os.fdopen(fd, "wb") as f:
             for buf in buffers:
@@ -73,27 +74,30 @@ class Worker:
                 f.seek(start)
                 f.write(raw)
                 spans.append((start, raw.nbytes))
-        self._conn.send((payload, self._data, spans))
+        self._conn.send((payload, path, spans))
 
-    def result(self) -> Any:
-        """Wait for the work and return what it returned; raise RuntimeError if it failed."""
+    def results(self) -> list[Any]:
+        """Wait for every submitted work and return what each returned, in order; raise
+        RuntimeError if one failed."""
         if self._conn is None:
             if self._prepare is not None:
                 self._prepare()
-            if self._inline is None:
-                raise RuntimeError("Worker.result: nothing was submitted")
-            work, args = self._inline
-            return work(*args)
-        if self._data is None:
-            raise RuntimeError("Worker.result: nothing was submitted")
+            done = [work(*args) for work, args in self._inline]
+            self._inline = []
+            return done
+        self._conn.send(None)  # no more work
+        done = []
         try:
-            status, value = self._conn.recv()
+            for _ in self._files:
+                status, value = self._conn.recv()
+                if status != "ok":
+                    raise RuntimeError(f"a work failed in its child process: {value}")
+                done.append(value)
         except EOFError:
-            status, value = "error", "the child process ended without a result"
-        self._close()
-        if status != "ok":
-            raise RuntimeError(f"the work failed in its child process: {value}")
-        return value
+            raise RuntimeError("the child process ended before its work") from None
+        finally:
+            self._close()
+        return done
 
     def stop(self) -> None:
         """End the child now, whatever it is doing."""
@@ -106,9 +110,9 @@ class Worker:
             self._conn.close()
         if self._child is not None:
             self._child.join()
-        if self._data is not None:
-            os.unlink(self._data)
-        self._conn = self._child = self._data = None
+        for path in self._files:
+            os.unlink(path)
+        self._conn, self._child, self._files = None, None, []
 
     def __enter__(self) -> Worker:
         return self
@@ -126,16 +130,21 @@ def _serve(conn: Connection, prepare: Callable[[], None] | None) -> None:
     try:
         if prepare is not None:
             prepare()
-        payload, path, spans = conn.recv()
-        buffers = [memoryview(b"")] * len(spans)  # every array empty: the file is too
-        if os.path.getsize(path):
-            with open(path, "rb") as f:
-                # private: the work may write to its arrays without touching the file
-                shared = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
-            buffers = [shared[a : a + n] for a, n in spans]
-        work, args = pickle.loads(payload, buffers=buffers)
-        conn.send(("ok", work(*args)))
-    except EOFError:  # the parent submitted nothing
+        while (message := conn.recv()) is not None:
+            payload, path, spans = message
+            conn.send(("ok", _run(payload, path, spans)))
+    except EOFError:  # the parent went away, or ended without results
         return
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises
         conn.send(("error", traceback.format_exc()))
+
+
+def _run(payload: bytes, path: str, spans: list[tuple[int, int]]) -> Any:
+    buffers = [memoryview(b"")] * len(spans)  # every array empty: the file is too
+    if os.path.getsize(path):
+        with open(path, "rb") as f:
+            # private: the work may write to its arrays without touching the file
+            shared = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+        buffers = [shared[a : a + n] for a, n in spans]
+    work, args = pickle.loads(payload, buffers=buffers)
+    return work(*args)

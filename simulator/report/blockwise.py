@@ -42,6 +42,7 @@ from simulator.report.run_folder import (
     write_summary,
 )
 from simulator.report.veeksha import (
+    MISS_CURVE_FILE,
     request_level_columns,
     write_distributions,
     write_request_level_metrics,
@@ -185,7 +186,8 @@ class _Scores:
                 self.qoe.slos,
                 self.qoe.configured_rate,
             )
-            write_distributions(self.metrics, values, self.curve.frame())
+            self.curve.frame().to_csv(self.metrics / MISS_CURVE_FILE, index=False)
+            write_distributions(self.metrics, values)
         return {"qoe": json_safe(block), "slo_results": json_safe(results)}
 
 
