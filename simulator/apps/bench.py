@@ -12,6 +12,7 @@ no engine steps (`fairsim-calibrate` infers them).
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 import hydra
@@ -24,14 +25,16 @@ from simulator.apps import sweep
 from simulator.apps.bench_client import Received, Replay, TargetConfig, preflight
 from simulator.apps.command import run_command
 from simulator.apps.config_check import build_block
-from simulator.apps.run import build_trace, qoe_setup, write_run_with_qoe
+from simulator.apps.run import build_trace, qoe_setup, score_qoe, write_run_with_qoe
 from simulator.apps.serve import run_loop
 from simulator.apps.tokenizer import load_tokenizer
 from simulator.core.timeline import STEP_COLUMNS, Timeline
 from simulator.metrics.slo import parse_slos
+from simulator.report.background import Worker
 from simulator.report.console import DEFAULT_ROWS, format_fairness, format_qoe, format_summary
 from simulator.report.progress import StreamingReporter
 from simulator.report.run_folder import mark_completed, run_tables, write_summary
+from simulator.report.veeksha import prepare_plots
 from traces.schema import Trace
 
 
@@ -112,7 +115,9 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
         cost = instantiate(cfg.cost_model, _convert_="all")
         engine = instantiate(cfg.engine, _convert_="all")
         setup = qoe_setup(cfg, cost, engine, slos)
-    outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, setup)
+    with Worker(prepare_plots) if setup and setup.veeksha else nullcontext() as plots:
+        qoe = score_qoe(setup, tables, out_dir, plots) if setup is not None else None
+        outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, plots)
     outputs.summary["clock"] = clock
     write_summary(outputs.summary, out_dir)
     mark_completed(out_dir, outputs.summary["config_digest"])

@@ -10,13 +10,12 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
@@ -31,7 +30,6 @@ from simulator.core.timeline import SpillPlan, Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
-from simulator.metrics.fluidity import Ragged
 from simulator.metrics.latency import inter_token_gaps
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, request_values
@@ -161,8 +159,12 @@ def run_config(
         else:
             with phase("tables"):
                 tables = run_tables(timeline)
+            qoe = None
+            if setup is not None:
+                with phase("metrics"):
+                    qoe = score_qoe(setup, tables, out_dir, plots)
             with phase("write"):
-                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, setup, plots)
+                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, plots)
     outputs.summary["unfit_requests"] = unfit_counts
     if comparison is not None:
         outputs.summary["comparison"] = comparison
@@ -201,39 +203,41 @@ def qoe_setup(
 
 
 @dataclass
-class QoEInputs:
-    """What the QoE summary, the SLOs and the Veeksha files are computed from."""
+class QoEScores:
+    """What scoring a run's QoE made: the summary's `qoe` block and what the SLOs and the
+    Veeksha files are computed from."""
 
     setup: QoESetup
-    fluidity: pd.DataFrame  # request_fluidity's table
+    summary: dict[str, Any]  # the summary's `qoe` block
     values: dict[str, np.ndarray]  # request_values' per-request metrics
-    # every completed request's inter-token gaps less the first, until `summarize` has used
-    # them (values["tbc"] is the same array: the pooled gaps)
-    decode_gaps: Ragged | None
     rows: dict[str, np.ndarray] | None  # request_level_columns (None: no Veeksha files)
-    summary: dict[str, Any] | None = None  # the summary's `qoe` block, once summarized
-
-    @property
-    def config(self) -> QoEConfig:
-        return self.setup.config
-
-    def summarize(self, tables: RunTables) -> None:
-        """The summary's `qoe` block; the gaps are not needed after it."""
-        r, t, _ = tables
-        curve = self.setup.curve
-        block = qoe_summary(r, t, self.config, curve, self.fluidity, self.decode_gaps)
-        self.summary = json_safe(block)
-        self.decode_gaps = None
 
 
-def qoe_inputs(setup: QoESetup, tables: RunTables, decode_gaps: Ragged) -> QoEInputs:
-    """`decode_gaps`: `inter_token_gaps` of the tables, less each request's first."""
+def score_qoe(
+    setup: QoESetup, tables: RunTables, out_dir: str | Path, plots: Worker | None
+) -> QoEScores:
+    """The QoE of the run's tables. With Veeksha files asked for, `plots` (a `Worker` of
+    `prepare_plots`) writes those made of every decode gap meanwhile: the miss curve as soon as
+    the gaps exist, then the rows and the distributions (`write_run_with_qoe` waits for them)."""
     r, t, _ = tables
-    flu = request_fluidity(r, t, setup.config, setup.curve)
-    values = request_values(r, t, setup.config, setup.curve, flu)
+    cfg, curve = setup.config, setup.curve
+    decode_gaps = inter_token_gaps(r, t)[1].drop_first()
+    folder = Path(out_dir, "metrics")
+    if setup.veeksha:
+        if plots is None:
+            raise ValueError("score_qoe: the Veeksha files are written by a Worker (plots)")
+        folder.mkdir(parents=True, exist_ok=True)
+        plots.submit(write_miss_curve, folder, decode_gaps, cfg.exact)
+    flu = request_fluidity(r, t, cfg, curve)
+    values = request_values(r, t, cfg, curve, flu)
     values["tbc"] = decode_gaps.values  # the same gaps in the same order: one array, not two
-    rows = request_level_columns(r, t, setup.config, setup.curve, flu) if setup.veeksha else None
-    return QoEInputs(setup, flu, values, decode_gaps, rows)
+    rows = None
+    if setup.veeksha:
+        assert plots is not None
+        rows = request_level_columns(r, t, cfg, curve, flu)
+        plots.submit(write_rows_and_distributions, folder, rows, decode_gaps, values)
+    block = json_safe(qoe_summary(r, t, cfg, curve, flu, decode_gaps))
+    return QoEScores(setup, block, values, rows)
 
 
 def write_run_with_qoe(
@@ -241,44 +245,23 @@ def write_run_with_qoe(
     out_dir: str | Path,
     resolved: dict[str, Any],
     tables: RunTables,
-    setup: QoESetup | None,
+    qoe: QoEScores | None,
     plots: Worker | None = None,
 ) -> RunOutputs:
-    """`write_run` (leaving the folder marked running), the QoE summary and the Veeksha files
-    (`setup`: the `qoe:` block's, None for none). The Veeksha files made of every decode gap
-    are written meanwhile by `plots` (a `Worker` of `prepare_plots`; one is started here if
-    none is given): the miss curve as soon as the gaps exist, then the rows and the
-    distributions."""
-    with ExitStack() as stack:
-        qoe = None
-        if setup is not None:
-            r, t, _ = tables
-            decode_gaps = inter_token_gaps(r, t)[1].drop_first()
-            folder = Path(out_dir, "metrics")
-            if setup.veeksha:
-                plots = plots or stack.enter_context(Worker(prepare_plots))
-                folder.mkdir(parents=True, exist_ok=True)
-                plots.submit(write_miss_curve, folder, decode_gaps, setup.config.exact)
-            qoe = qoe_inputs(setup, tables, decode_gaps)
-            if plots is not None and qoe.rows is not None:
-                plots.submit(
-                    write_rows_and_distributions, folder, qoe.rows, decode_gaps, qoe.values
-                )
-            qoe.summarize(tables)
-        outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
-        if qoe is not None:
-            add_qoe(outputs, out_dir, qoe)
-        if plots is not None:
-            plots.results()
+    """`write_run` (leaving the folder marked running) and `add_qoe`; then waits for the files
+    `plots` writes (`score_qoe`)."""
+    outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
+    if qoe is not None:
+        add_qoe(outputs, out_dir, qoe)
+    if plots is not None:
+        plots.results()
     return outputs
 
 
-def add_qoe(outputs: RunOutputs, out_dir: str | Path, qoe: QoEInputs) -> None:
-    """The `qoe` block (`QoEInputs.summarize`) and the SLO results of the summary (the caller
-    writes summary.json), and (unless switched off) the Veeksha-compatible files under
-    metrics/ other than the rows, the distributions and the miss curve."""
-    if qoe.summary is None:
-        raise RuntimeError("add_qoe: QoEInputs.summarize comes first")
+def add_qoe(outputs: RunOutputs, out_dir: str | Path, qoe: QoEScores) -> None:
+    """The `qoe` block and the SLO results of the summary (the caller writes summary.json),
+    and (unless switched off) the Veeksha-compatible files under metrics/ other than those
+    `score_qoe` has written meanwhile."""
     outputs.summary["qoe"] = qoe.summary
     setup = qoe.setup
     if not setup.veeksha:
