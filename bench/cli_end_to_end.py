@@ -11,8 +11,11 @@ on the development VM). Target (issue 25, azure):
 <= 5 s and <= 500 MB for the whole process.
 
 The split comes from the CLI's own phase log (`hydra.verbose=fairsim.timing`): start-up (process
-start to the run starting: interpreter, imports, Hydra), then each phase of `run_config`. The
-azure workload's trace ships with fairsim (--path reads another). Prints one JSON object last.
+start to the run starting: interpreter, imports, Hydra), then each phase of `run_config` (load,
+overload check, comparison, simulate, tables; metrics: the QoE scores, while the plots' child
+writes the Veeksha rows, distributions and miss curve; write: the run folder, then waiting for
+that child). The azure workload's trace ships with fairsim (--path reads another). Prints one
+JSON object last.
 
 Usage: python bench/cli_end_to_end.py [--workload azure|core|overload] [--path CSV]
        [--requests N] [--keep DIR]
