@@ -21,6 +21,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
+from contextlib import suppress
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
@@ -110,8 +111,9 @@ class Worker:
             self._conn.close()
         if self._child is not None:
             self._child.join()
-        for path in self._files:
-            os.unlink(path)
+        for path in self._files:  # the child removes each once it has mapped it
+            with suppress(FileNotFoundError):
+                os.unlink(path)
         self._conn, self._child, self._files = None, None, []
 
     def __enter__(self) -> Worker:
@@ -146,5 +148,6 @@ def _run(payload: bytes, path: str, spans: list[tuple[int, int]]) -> Any:
             # private: the work may write to its arrays without touching the file
             shared = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
         buffers = [shared[a : a + n] for a, n in spans]
+    os.unlink(path)  # mapped: nothing is left behind even if the parent is killed
     work, args = pickle.loads(payload, buffers=buffers)
     return work(*args)
