@@ -10,12 +10,13 @@ default policy and comparison on poisson_chat with every request arriving in the
 on the development VM). Target (issue 25, azure):
 <= 5 s and <= 500 MB for the whole process.
 
-The split comes from the CLI's own phase log (`hydra.verbose=fairsim.timing`): start-up (process
-start to the run starting: interpreter, imports, Hydra), then each phase of `run_config` (load,
-overload check, comparison, simulate, tables; metrics: the QoE scores, while the plots' child
-writes the Veeksha rows, distributions and miss curve; write: the run folder, then waiting for
-that child). The azure workload's trace ships with fairsim (--path reads another). Prints one
-JSON object last.
+`peak_mb` is the largest process's peak resident set; `peak_pss_tree_mb` samples the sum over
+the command and its children (`TreeMemory`). The split comes from the CLI's own phase log
+(`hydra.verbose=fairsim.timing`): start-up (process start to the run starting: interpreter,
+imports, Hydra), then each phase of `run_config` (load, overload check, comparison, simulate,
+tables; metrics: the QoE scores, while the plots' child writes the Veeksha rows, distributions
+and miss curve; write: the run folder, then waiting for that child). The azure workload's trace
+ships with fairsim (--path reads another). Prints one JSON object last.
 
 Usage: python bench/cli_end_to_end.py [--workload azure|core|overload] [--path CSV]
        [--requests N] [--keep DIR]
@@ -30,6 +31,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +66,41 @@ WORKLOADS = {
 PHASE = re.compile(r"phase (.+?) ([0-9.]+)(?: peak ([0-9.]+) MB)?$")
 
 
+class TreeMemory(threading.Thread):
+    """The largest sum of proportional set sizes (Linux's PSS: a page shared by n processes
+    counts 1/n in each) over a process and its children, sampled every 0.1 s: `peak_mb` is the
+    largest single process, which leaves out a child's own memory (the plots' child). None
+    where /proc is not available."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.stop = pid, threading.Event()
+        self.peak_mb: float | None = 0.0 if Path("/proc", str(pid)).exists() else None
+
+    def run(self) -> None:
+        while self.peak_mb is not None and not self.stop.wait(0.1):
+            total = sum(_pss_kb(p) for p in _tree(self.pid)) / 1024
+            self.peak_mb = max(self.peak_mb, round(total, 1))
+
+
+def _tree(pid: int) -> list[int]:
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return [pid]
+    return [pid, *(p for c in children for p in _tree(int(c)))]
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:  # it ended meanwhile
+        pass
+    return 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="azure")
@@ -96,8 +133,15 @@ def main() -> None:
         ]
         spawned = time.time()
         t0 = time.perf_counter()
-        res = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        wall = time.perf_counter() - t0
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        ) as proc:
+            sampler = TreeMemory(proc.pid)
+            sampler.start()
+            out, err = proc.communicate()
+            wall = time.perf_counter() - t0
+            sampler.stop.set()
+        res = subprocess.CompletedProcess(command, proc.returncode, out, err)
     if res.returncode != 0:
         sys.exit(f"fairsim failed ({res.returncode}):\n{res.stderr[-3000:]}")
     log = res.stdout + res.stderr
@@ -119,6 +163,7 @@ def main() -> None:
                 "workload": args.workload,
                 "wall_s": round(wall, 3),
                 "peak_mb": round(peak_mb, 1),
+                "peak_pss_tree_mb": sampler.peak_mb,
                 **{f"{k.replace(' ', '_')}_s": round(v, 3) for k, v in phases.items()},
                 **peaks,
             }
