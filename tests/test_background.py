@@ -122,3 +122,33 @@ def test_a_worker_given_no_work_ends_without_waiting():
     with Worker(_prepare) as worker:
         assert worker.results() == []
     assert time.monotonic() - start < 10
+
+
+def test_a_run_writes_the_same_veeksha_files_with_its_child_and_without_fork(tmp_path, monkeypatch):
+    """The run folder's metrics/ from the child (the default here) and from the run's own
+    process (where fork is unavailable) are the same bytes, plots included."""
+    from simulator.apps.run import compose_config, run_config
+
+    if not background.can_fork():
+        pytest.skip("fork is unavailable here: every run writes in-process")
+    overrides = [
+        "engine=vllm",
+        "engine.pool_tokens=20000",
+        "cluster.replicas=2",
+        "workload.duration=30",
+    ]
+    run_config(compose_config(overrides), tmp_path / "child")
+    monkeypatch.setattr(background, "can_fork", lambda: False)
+    run_config(compose_config(overrides), tmp_path / "inline")
+    child = sorted(p.name for p in (tmp_path / "child" / "metrics").iterdir())
+    assert child == sorted(p.name for p in (tmp_path / "inline" / "metrics").iterdir())
+    assert {
+        "request_level_metrics.jsonl",
+        "tbc.png",
+        "deadline_miss_rate_at_tbt_targets.csv",
+    } <= set(child)
+    for name in child:
+        same = (tmp_path / "child" / "metrics" / name).read_bytes() == (
+            tmp_path / "inline" / "metrics" / name
+        ).read_bytes()
+        assert same, name
