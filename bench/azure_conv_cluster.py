@@ -14,6 +14,8 @@ Usage: python bench/azure_conv_cluster.py [--path CSV] [--compare] [--dispatcher
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import hashlib
 import json
 import resource
@@ -85,4 +87,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # as every fairsim command does (simulator/apps/command.py): the interpreter's last
+    # collections at exit skip the objects made so far, which the OS frees anyway
+    atexit.register(gc.freeze)
     main()

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import signal
 import sys
@@ -117,6 +119,9 @@ def run_command(prog: str, entry: Callable[[], object]) -> None:
     # Parquet files; the system allocator gives them back: the Azure run's peak is 492 MB
     # instead of 514 MB (bench/cli_end_to_end.py, whole process), at the same speed
     pyarrow.set_memory_pool(pyarrow.system_memory_pool())
+    # the interpreter's last collections at exit walk every object the imports and the run
+    # made, only to free memory the OS takes back anyway; frozen objects are skipped
+    atexit.register(gc.freeze)
     show_traceback = traceback_requested()
     try:
         with signals_interrupt(), hydra_reraises():
