@@ -257,6 +257,32 @@ def test_veeksha_files_and_health_checks(tmp_path):
     assert "[FAIL] session_dispatch_rate" in (tmp_path / "health_check_results.txt").read_text()
 
 
+def test_distribution_statistics_leave_out_nan_and_leave_the_values_untouched(tmp_path):
+    """Each distribution's CSV holds numpy's statistics of its non-NaN values, whether or not
+    there are NaN among them, and the arrays given are not changed (the plots' child reads
+    them from shared memory)."""
+    from simulator.report.veeksha import DISTRIBUTION_METRICS, write_distributions
+
+    rng = np.random.default_rng(3)
+    clean = rng.exponential(0.05, 1000)
+    holed = clean.copy()
+    holed[[5, 500, 999]] = np.nan
+    for name, given in (("clean", clean), ("holed", holed)):
+        values = {metric: given for metric in DISTRIBUTION_METRICS}
+        before = given.copy()
+        out = tmp_path / name
+        out.mkdir()
+        write_distributions(out, values)
+        np.testing.assert_array_equal(given, before)
+        kept = given[~np.isnan(given)]
+        row = pd.read_csv(out / "tbc.csv").iloc[0]
+        want = dict(zip(("p50", "p90", "p95", "p99"), np.percentile(kept, [50, 90, 95, 99])))
+        want |= {"min": kept.min(), "max": kept.max(), "mean": kept.mean()}
+        for field, value in want.items():
+            assert row[field] == pytest.approx(value, rel=1e-15), (name, field)
+        assert (out / "tbc.png").stat().st_size > 0
+
+
 def test_prefill_stats_reference_vector():
     from simulator.report.veeksha import prefill_stats
 
