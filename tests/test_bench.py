@@ -40,16 +40,17 @@ SHORT_CHATS = [
 ]
 # loaded enough that requests queue (TTFT spreads over seconds) and steps vary as a GPU's do
 # (2% step-time jitter, as in docs/validation.md)
-# Run at half speed: the loopback's write and read jitter (about 1 ms of wall time, more when
-# the machine is busy) is then half that in simulated time, below the steps' own jitter, which
-# the inter-token distribution's KS statistic would otherwise see (0.035-0.085 at full speed).
+# Run at quarter speed: the loopback's write and read jitter (about 1 ms of wall time, more
+# when the machine is busy) is then a quarter of that in simulated time, below the steps' own
+# jitter, which the inter-token distribution's KS statistic would otherwise see (0.035-0.085 at
+# full speed; 0.027-0.051 at half speed, once over the 0.05 limit; 0.014-0.024 at a quarter).
 REALISTIC = [
     *SHORT_CHATS,
     "workload.duration=6",
     "workload.clients.0.arrival.rate=10",
     "engine.step_jitter_cv=0.02",
-    "serve.time_scale=0.5",
-    "target.time_scale=0.5",
+    "serve.time_scale=0.25",
+    "target.time_scale=0.25",
 ]
 # shaped for calibration: bursty arrivals (prefills of 1 to several requests) and a prefill
 # chance every 2 decode steps (many prefill steps, which alone tell the overhead apart). At half
