@@ -54,7 +54,7 @@ REALISTIC = [
 ]
 # shaped for calibration: bursty arrivals (prefills of 1 to several requests) and a prefill
 # chance every 2 decode steps (many prefill steps, which alone tell the overhead apart). At half
-# speed, as REALISTIC: at full speed the loopback's jitter on a busy machine moved the 3 ms
+# speed (REALISTIC runs slower still): at full speed the loopback's jitter on a busy machine moved the 3 ms
 # per-request prefill term by up to 12.6% (CI), the step overhead by up to 7.9%.
 CALIBRATION = [
     *SHORT_CHATS,
