@@ -54,8 +54,8 @@ REALISTIC = [
 ]
 # shaped for calibration: bursty arrivals (prefills of 1 to several requests) and a prefill
 # chance every 2 decode steps (many prefill steps, which alone tell the overhead apart). At half
-# speed (REALISTIC runs slower still): at full speed the loopback's jitter on a busy machine moved the 3 ms
-# per-request prefill term by up to 12.6% (CI), the step overhead by up to 7.9%.
+# speed (REALISTIC runs slower still): at full speed the loopback's jitter on a busy machine
+# moved the 3 ms per-request prefill term by up to 12.6% (CI), the step overhead by up to 7.9%.
 CALIBRATION = [
     *SHORT_CHATS,
     "workload.duration=12",
