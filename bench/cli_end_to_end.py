@@ -18,21 +18,30 @@ tables; metrics: the QoE scores, while the plots' child writes the Veeksha rows,
 and miss curve; write: the run folder, then waiting for that child). The azure workload's trace
 ships with fairsim (--path reads another). Prints one JSON object last.
 
+`--runs N` runs the command N times and prints each figure's median (and the wall time's range);
+`--baseline REV` runs the code of a git revision too, from a temporary worktree, alternating with
+this one, and adds its figures and `wall_ratio` (this median over the baseline's): on a machine
+whose speed drifts, only runs interleaved like this compare.
+
 Usage: python bench/cli_end_to_end.py [--workload azure|core|overload] [--path CSV]
-       [--requests N] [--keep DIR]
+       [--requests N] [--keep DIR] [--runs N] [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
-import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +122,18 @@ def main() -> None:
         help="overload: about this many requests (poisson_chat's rate_scale); target (issue 20) "
         "at 1e6: the run finishes within 2 GB",
     )
+    ap.add_argument("--runs", type=int, default=1, help="run the command this many times")
+    ap.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run the code of this git revision (a temporary worktree), alternating with "
+        "this one, and print its figures and the ratio of the median wall times",
+    )
     args = ap.parse_args()
+    if args.runs < 1:
+        sys.exit(f"--runs must be >= 1, got {args.runs}")
+    if args.keep is not None and (args.runs > 1 or args.baseline):
+        sys.exit("--keep keeps one run's folder: give it without --runs or --baseline")
     overrides = list(WORKLOADS[args.workload])
     if args.workload == "overload":
         overrides.append(f"workload.rate_scale={args.requests:g}")
@@ -121,30 +141,52 @@ def main() -> None:
         if not args.path.exists():
             sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")
         overrides.append(f"workload.path={args.path.resolve()}")
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = args.keep or Path(tmp) / "run"
-        command = [
-            sys.executable,
-            "-c",
-            "from simulator.apps.cli import main; main()",
-            *overrides,
-            f"hydra.run.dir={folder}",
-            "hydra.verbose=fairsim.timing",
-        ]
+    with contextlib.ExitStack() as stack:
+        trees = {"current": ROOT}
+        if args.baseline:
+            trees = {"baseline": stack.enter_context(worktree(args.baseline)), "current": ROOT}
+            for tree in trees.values():  # both start from bytecode, as an installed package does
+                compile_tree(tree)
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for i in range(args.runs):
+            for name in list(trees) if i % 2 == 0 else list(reversed(trees)):  # alternate
+                with tempfile.TemporaryDirectory() as tmp:
+                    folder = args.keep or Path(tmp) / "run"
+                    runs[name].append(measure(trees[name], overrides, folder))
+    current = medians(runs["current"])
+    out: dict[str, object] = {"workload": args.workload, "runs": args.runs, **current}
+    if args.baseline:
+        base = medians(runs["baseline"])
+        out["baseline"] = {"rev": args.baseline, **base}
+        out["wall_ratio"] = round(current["wall_s"] / base["wall_s"], 3)
+    print(json.dumps(out))
+
+
+def measure(tree: Path, overrides: list[str], folder: Path) -> dict[str, float]:
+    """One run of the command with the code of `tree`: wall time, peaks and the phases' times
+    (each run's own: `os.wait4` gives the largest process of this run alone)."""
+    command = [
+        sys.executable,
+        "-c",
+        "from simulator.apps.cli import main; main()",
+        *overrides,
+        f"hydra.run.dir={folder}",
+        "hydra.verbose=fairsim.timing",
+    ]
+    with tempfile.TemporaryFile("w+") as log_file:
         spawned = time.time()
         t0 = time.perf_counter()
-        with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-        ) as proc:
-            sampler = TreeMemory(proc.pid)
-            sampler.start()
-            out, err = proc.communicate()
-            wall = time.perf_counter() - t0
-            sampler.stop.set()
-        res = subprocess.CompletedProcess(command, proc.returncode, out, err)
-    if res.returncode != 0:
-        sys.exit(f"fairsim failed ({res.returncode}):\n{res.stderr[-3000:]}")
-    log = res.stdout + res.stderr
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=tree)
+        sampler = TreeMemory(proc.pid)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        sampler.stop.set()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log_file.seek(0)
+        log = log_file.read()
+    if proc.returncode != 0:
+        sys.exit(f"fairsim failed ({proc.returncode}) in {tree}:\n{log[-3000:]}")
     phases: dict[str, float] = {}
     peaks: dict[str, float] = {}
     for line in log.splitlines():
@@ -156,19 +198,56 @@ def main() -> None:
             else:
                 phases[name] = phases.get(name, 0.0) + value
                 peaks[f"peak_mb_after_{name.replace(' ', '_')}"] = float(m.group(3))
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(
-        json.dumps(
-            {
-                "workload": args.workload,
-                "wall_s": round(wall, 3),
-                "peak_mb": round(peak_mb, 1),
-                "peak_pss_tree_mb": sampler.peak_mb,
-                **{f"{k.replace(' ', '_')}_s": round(v, 3) for k, v in phases.items()},
-                **peaks,
-            }
-        )
-    )
+    result = {"wall_s": round(wall, 3), "peak_mb": round(usage.ru_maxrss / 1024, 1)}
+    if sampler.peak_mb is not None:
+        result["peak_pss_tree_mb"] = sampler.peak_mb
+    result.update({f"{k.replace(' ', '_')}_s": round(v, 3) for k, v in phases.items()})
+    return {**result, **peaks}
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the runs (the runs themselves with more than one: a VM's
+    speed drifts, so the spread says as much as the middle)."""
+    fields = [k for k in runs[0] if all(k in r for r in runs)]
+    out = {k: round(statistics.median(r[k] for r in runs), 3) for k in fields}
+    if len(runs) > 1:
+        out["wall_s_min"] = min(r["wall_s"] for r in runs)
+        out["wall_s_max"] = max(r["wall_s"] for r in runs)
+    return out
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """A temporary git worktree of this repository at `rev`, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="fairsim-baseline-"))
+    tree = folder / "tree"
+    add = ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev]
+    made = subprocess.run(add, capture_output=True, text=True)
+    if made.returncode != 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        sys.exit(f"--baseline {rev}: no worktree ({made.stderr.strip()})")
+    try:
+        imported = subprocess.run(
+            [sys.executable, "-c", "import simulator; print(simulator.__file__)"],
+            capture_output=True,
+            text=True,
+            cwd=tree,
+        ).stdout.strip()
+        if not Path(imported).resolve().is_relative_to(tree.resolve()):
+            sys.exit(f"--baseline {rev}: its folder's code is not the one imported ({imported})")
+        yield tree
+    finally:
+        remove = ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)]
+        subprocess.run(remove, capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def compile_tree(tree: Path) -> None:
+    """Write the bytecode of fairsim's packages in `tree` (even under PYTHONDONTWRITEBYTECODE):
+    otherwise a fresh worktree compiles every module at each start, 0.1-0.2 s."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    packages = ["simulator", "cost_models", "policies", "traces", "conf"]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], cwd=tree, env=env)
 
 
 if __name__ == "__main__":
