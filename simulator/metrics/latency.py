@@ -172,14 +172,18 @@ def percentile(values: np.ndarray, p: float, method: str = "linear") -> float:
     raise ConfigError(f"unknown percentile method {method!r}; accepted: {PERCENTILE_METHODS}")
 
 
+def without_nan(values: np.ndarray) -> np.ndarray:
+    """The values that are not NaN: the array itself when none is (no copy of millions of
+    gaps when there is nothing to leave out)."""
+    missing = np.isnan(values)
+    return values[~missing] if missing.any() else values
+
+
 def percentiles(
     values: np.ndarray, ps: tuple[int, ...] = PERCENTILES, method: str = "linear"
 ) -> dict[str, float]:
     """Mean and the `ps` percentiles of the non-NaN values (NaN when there are none)."""
-    v = np.asarray(values, dtype=np.float64)
-    missing = np.isnan(v)
-    if missing.any():  # no copy of millions of gaps when there is nothing to leave out
-        v = v[~missing]
+    v = without_nan(np.asarray(values, dtype=np.float64))
     mean = float(v.mean()) if v.size else float("nan")
     if method == "linear" and v.size and all(0 <= p <= 100 for p in ps):
         # one partition for all of them: the same values as one call per p, in 54% of the time

@@ -37,16 +37,8 @@ def _dump(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(json_safe(obj), indent=2) + "\n")
 
 
-def _without_nan(values: np.ndarray) -> np.ndarray:
-    """The values that are not NaN: the array itself when none is (the Azure run's 4M decode
-    gaps are not copied twice for their statistics and histogram: the plots' child peaks
-    32 MB lower)."""
-    missing = np.isnan(values)
-    return values[~missing] if missing.any() else values
-
-
 def _distribution_row(v: np.ndarray) -> dict[str, float]:
-    """The statistics of values without NaN (`_without_nan`)."""
+    """The statistics of values without NaN (`latency.without_nan`)."""
     if v.size == 0:
         return {k: float("nan") for k in ("p50", "p90", "p95", "p99", "min", "max", "mean")}
     # one call selects the four ranks together (the same values as four calls, a third of the
@@ -333,7 +325,9 @@ def write_distributions(out: Path, values: Mapping[str, np.ndarray | WeightedVal
             counts, edges = v.histogram(50)
             bars = {"x": edges[:-1], "bins": edges, "weights": counts}
         else:
-            present = _without_nan(v)
+            # one array for the statistics and the histogram, not a copy for each (the plots'
+            # child peaks 32 MB lower on the Azure run's 4M decode gaps)
+            present = latency.without_nan(v)
             row = _distribution_row(present)
             bars = {"x": present, "bins": 50}
         pd.DataFrame([row]).to_csv(out / f"{name}.csv", index=False)
