@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,13 @@ from conftest import a10g_cost, random_trace
 from policies import FCFS
 from simulator.apps.aggregate import aggregate
 from simulator.engines import SLoRAConfig, simulate
-from simulator.report.run_folder import IncompleteRunError, load_run, write_run
+from simulator.report.run_folder import (
+    IncompleteRunError,
+    load_run,
+    mark_orphaned_jobs,
+    mark_status,
+    write_run,
+)
 
 CLI = "from simulator.apps.cli import main; main()"
 # a bug planted in a metric: the run folder's summary raises ZeroDivisionError
@@ -43,10 +50,13 @@ def small_timeline():
     return simulate(random_trace(1, 100, 3, 300, 100, 5.0), FCFS(), a10g_cost(), SLoRAConfig())
 
 
-def start(args: list[str], cwd: Path, own_group: bool = False) -> subprocess.Popen[str]:
+def start(
+    args: list[str], cwd: Path, own_group: bool = False, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", CLI, *args],
         cwd=cwd,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -160,11 +170,38 @@ def test_aggregate_skips_a_folder_with_a_summary_but_no_completion_mark(tmp_path
     assert table.to_dict() == {"broken/seed=0": "running", "done/seed=0": "completed"}
 
 
-def test_sigterm_stops_a_sweep_and_every_running_job_marks_its_folder(tmp_path):
+# On PYTHONPATH as sitecustomize: in every process but the first (the sweep's own), a SIGTERM
+# handler waits 30 s before it runs, as a worker busy in a long C call would. The launcher then
+# ends the workers before they can mark their folders, the race CI once lost.
+SLOW_WORKERS = """
+import os, signal, time
+if os.environ.setdefault("SLOW_SIGTERM_PARENT", str(os.getpid())) != str(os.getpid()):
+    _install = signal.signal
+
+    def _slow_install(signum, handler):
+        if signum == signal.SIGTERM and callable(handler):
+            fast = handler
+
+            def handler(*args):
+                time.sleep(30)
+                fast(*args)
+
+        return _install(signum, handler)
+
+    signal.signal = _slow_install
+"""
+
+
+@pytest.mark.parametrize("workers", ["prompt", "slow to react"])
+def test_sigterm_stops_a_sweep_and_marks_every_running_job_interrupted(tmp_path, workers):
     sweep = tmp_path / "sweep"
     args = ["-m", "policy=fcfs,vtc", "workload.duration=3000", "progress=false"]
     args += ["compare_with=null", f"hydra.sweep.dir={sweep}"]
-    proc = start(args, tmp_path, own_group=True)  # a process group, as a terminal gives one
+    env = None
+    if workers == "slow to react":
+        (tmp_path / "sitecustomize.py").write_text(SLOW_WORKERS)
+        env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = start(args, tmp_path, own_group=True, env=env)  # a process group, as a terminal gives
     try:
         deadline = time.monotonic() + 120
         while len(list(sweep.glob("**/job.json"))) < 2 and time.monotonic() < deadline:
@@ -176,8 +213,39 @@ def test_sigterm_stops_a_sweep_and_every_running_job_marks_its_folder(tmp_path):
         proc.kill()
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == "fairsim: interrupted (SIGTERM)"
-    marks = [json.loads(p.read_text())["status"] for p in sweep.glob("**/job.json")]
-    # each worker marks its job as it stops; the launcher may end a worker before it has
-    # written, which leaves "running": never a completed mark either way
-    assert len(marks) == 2 and "interrupted" in marks, marks
-    assert set(marks) <= {"interrupted", "running"}, marks
+    marks = [json.loads(p.read_text()) for p in sorted(sweep.glob("**/job.json"))]
+    # a worker marks its own job as it stops; the sweep marks those the launcher ended first
+    assert [m["status"] for m in marks] == ["interrupted", "interrupted"], marks
+    assert all(m["signal"] == "SIGTERM" for m in marks), marks
+    if workers == "slow to react":
+        assert all("worker_pid" in m for m in marks), "marked by the sweep, not the worker"
+
+
+def test_orphaned_jobs_are_the_running_ones_whose_process_on_this_host_has_ended(tmp_path):
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    ended_pid = int(ended.stdout)  # reaped by subprocess.run: no such process any more
+    host = socket.gethostname()
+    jobs = {
+        "orphan": {"status": "running", "pid": ended_pid, "host": host},
+        "alive": {"status": "running", "pid": os.getpid(), "host": host},
+        "elsewhere": {"status": "running", "pid": ended_pid, "host": host + "-other"},
+        "done": {"status": "completed", "pid": ended_pid, "host": host},
+        "older": {"status": "running"},  # written before job.json recorded the process
+    }
+    for name, job in jobs.items():
+        mark_status(tmp_path / name / "seed=0", **{**job, "config_digest": name})
+    marked = mark_orphaned_jobs(tmp_path, "SIGINT")
+    assert marked == [tmp_path / "orphan" / "seed=0"]
+    after = {name: status(tmp_path / name / "seed=0") for name in jobs}
+    assert after["orphan"] == {
+        "status": "interrupted",
+        "config_digest": "orphan",
+        "signal": "SIGINT",
+        "worker_pid": ended_pid,
+    }
+    assert all(after[n]["status"] == jobs[n]["status"] for n in jobs if n != "orphan")

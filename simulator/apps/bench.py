@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from simulator.apps import sweep
 from simulator.apps.bench_client import Received, Replay, TargetConfig, preflight
-from simulator.apps.command import run_command
 from simulator.apps.config_check import build_block
 from simulator.apps.run import build_trace, qoe_setup, score_qoe, write_run_with_qoe
 from simulator.apps.serve import run_loop
@@ -143,7 +142,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_command("fairsim-bench", _main)
+    sweep.run_hydra_command("fairsim-bench", _main)
 
 
 if __name__ == "__main__":

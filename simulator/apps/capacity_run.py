@@ -36,7 +36,6 @@ from simulator.apps.capacity import (
     results_table,
     veeksha_search,
 )
-from simulator.apps.command import run_command
 from simulator.apps.prefill_profile import profile_prefill
 from simulator.apps.run import instantiate_parts
 from simulator.core.errors import ConfigError
@@ -295,4 +294,4 @@ def _run(cfg: DictConfig, out_dir: str) -> None:
 
 
 def main() -> None:
-    run_command("fairsim-capacity", _main)
+    sweep.run_hydra_command("fairsim-capacity", _main)

@@ -7,7 +7,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from simulator.apps import sweep
-from simulator.apps.command import run_command
 from simulator.apps.replications import FILE, format_replications, run_replications
 from simulator.apps.run import run_config
 from simulator.report.console import (
@@ -47,4 +46,4 @@ def _run(cfg: DictConfig, out_dir: str) -> None:
 
 
 def main() -> None:
-    run_command("fairsim", _main)
+    sweep.run_hydra_command("fairsim", _main)

@@ -27,7 +27,6 @@ from omegaconf import DictConfig, OmegaConf
 from prometheus_client import CollectorRegistry
 
 from simulator.apps import sweep
-from simulator.apps.command import run_command
 from simulator.apps.config_check import build_block
 from simulator.apps.live_metrics import ServerMetrics
 from simulator.apps.live_server import (
@@ -227,7 +226,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_command("fairsim-serve", _main)
+    sweep.run_hydra_command("fairsim-serve", _main)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from simulator.apps.command import (
     Interrupted,
     RunFailed,
     input_error_message,
+    run_command,
     signals_interrupt,
 )
 from simulator.apps.config_check import check_config
@@ -37,6 +38,7 @@ from simulator.report.run_folder import (
     config_digest,
     is_completed,
     mark_completed,
+    mark_orphaned_jobs,
     mark_running,
     mark_status,
     read_status,
@@ -114,8 +116,32 @@ def job_table(sweep_dir: str | Path) -> list[dict[str, str]]:
     return rows
 
 
+# the sweep folders this process has launched jobs into (SweepReport.on_multirun_start)
+_SWEEPS_STARTED: list[Path] = []
+
+
+def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
+    """`run_command` for a Hydra app. When SIGINT or SIGTERM stops a sweep, the launcher may have
+    ended a worker before it marked its job interrupted; those folders are marked here, so no
+    folder says running when nothing runs it."""
+
+    def entry() -> None:
+        try:
+            hydra_main()
+        except (KeyboardInterrupt, Interrupted) as err:
+            name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
+            for sweep_dir in _SWEEPS_STARTED:
+                mark_orphaned_jobs(sweep_dir, name)
+            raise
+
+    run_command(prog, entry)
+
+
 class SweepReport(Callback):
     """Hydra callback: after a multirun, count its jobs and fail loudly if any failed."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _SWEEPS_STARTED.append(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,7 +248,39 @@ def mark_status(folder: str | Path, status: str, **fields: Any) -> None:
 
 
 def mark_running(folder: str | Path, digest: str) -> None:
-    mark_status(folder, "running", config_digest=digest)
+    """The run has started in this process: its pid and host let a sweep tell a job whose
+    worker has gone (`mark_orphaned_jobs`) from one still running."""
+    mark_status(folder, "running", config_digest=digest, pid=os.getpid(), host=socket.gethostname())
+
+
+def mark_orphaned_jobs(folder: str | Path, signal_name: str) -> list[Path]:
+    """Mark `interrupted` every run under `folder` whose job.json still says running but whose
+    process, on this host, has ended: a launcher that stops its workers on SIGINT/SIGTERM (joblib
+    kills them) can do so before a worker marks its own folder. Runs on other hosts, or whose
+    process still exists, are left as they are. Returns the folders marked."""
+    marked = []
+    host = socket.gethostname()
+    for path in sorted(Path(folder).glob(f"**/{STATUS_FILE}")):
+        status = read_status(path.parent) or {}
+        pid = status.get("pid")
+        if status.get("status") != "running" or status.get("host") != host:
+            continue
+        if not isinstance(pid, int) or _process_exists(pid):
+            continue
+        fields = {k: v for k, v in status.items() if k not in ("status", "pid", "host")}
+        mark_status(path.parent, "interrupted", **fields, signal=signal_name, worker_pid=pid)
+        marked.append(path.parent)
+    return marked
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def mark_completed(folder: str | Path, digest: str) -> None:
