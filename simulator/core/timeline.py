@@ -201,6 +201,14 @@ class TokenRuns:
             }
         )
 
+    def absorb(self, other: TokenRuns) -> None:
+        """Add the runs `other` closed or added (replicas simulated apart; readers sort runs,
+        so their order does not matter)."""
+        if other._open:
+            raise ValueError("TokenRuns.absorb: the other runs are not all closed")
+        self._closed += other._closed
+        self._added += other._added
+
     def columns(self, clock_offsets: np.ndarray) -> dict[str, np.ndarray]:
         """Runs as columns row, index, count, tick, with ticks into the concatenated clocks
         (replica r's clock starts at `clock_offsets[r]`)."""

@@ -22,6 +22,7 @@ DISPATCHERS, and a line in the `cluster` block's comment in conf/config.yaml.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -161,14 +162,28 @@ DISPATCHERS: dict[str, type[Dispatcher]] = {
 class ClusterConfig:
     replicas: int = 1
     dispatcher: str = "round_robin"
+    # processes that simulate the replicas of a static dispatcher at once in an offline run
+    # (same timeline as one process): a number, or "auto" for one per CPU this process may use
+    processes: int | str = 1
 
     def __post_init__(self) -> None:
         if int(self.replicas) != self.replicas or self.replicas < 1:
             raise ConfigError(f"cluster.replicas must be an integer >= 1, got {self.replicas!r}")
+        p = self.processes
+        if p != "auto" and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise ConfigError(f"cluster.processes must be an integer >= 1 or auto, got {p!r}")
         if self.dispatcher not in DISPATCHERS:
             raise ConfigError(
                 f"cluster.dispatcher must be one of {tuple(DISPATCHERS)}, got {self.dispatcher!r}"
             )
+
+    @property
+    def process_count(self) -> int:
+        if self.processes == "auto":
+            if hasattr(os, "sched_getaffinity"):
+                return len(os.sched_getaffinity(0))
+            return os.cpu_count() or 1
+        return int(self.processes)
 
     def make_dispatcher(self, client_of: list[int]) -> Dispatcher:
         return DISPATCHERS[self.dispatcher](self.replicas, client_of)

@@ -7,7 +7,9 @@ arrival hook, the horizon, progress reports, finishing, and the `Timeline`.
 
 Replicas whose arrivals are known up front (one replica, or a static dispatcher on an open-loop
 trace) each run alone and may run ahead of simulated time, taking many steps at once
-(fast-forward). Otherwise the replicas are coupled: each decides a step at its start and applies
+(fast-forward); with `cluster.processes` > 1 an offline run simulates them in forked processes
+at once (simulator/engines/forked.py) and merges what they return. Otherwise the replicas are
+coupled: each decides a step at its start and applies
 it at its end, one step at a time, so every replica and the dispatcher see the others exactly as
 of that instant. At one instant, arrivals come before the effects of a step ending then, and the
 next step's decisions come after both.
@@ -39,6 +41,7 @@ from simulator.core.timeline import SpillPlan, Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.dispatch import ClusterConfig
 from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
+from simulator.engines.forked import can_fork, run_forked
 from simulator.engines.slora import SLoRAConfig
 from simulator.engines.step_model import EngineConfig, Plan, StepModel
 from traces.schema import Trace
@@ -61,6 +64,44 @@ class ProgressSnapshot:
 
 
 Progress = Callable[[ProgressSnapshot], None]
+
+
+@dataclass
+class ReplicaPart:
+    """What the timeline takes of one replica after the run."""
+
+    steps: dict[str, np.ndarray]  # its step columns (empty when spilled)
+    clock: np.ndarray  # its token clock
+    now: float  # the end of its last step
+    kv_used: int
+    counts: dict[str, int]  # StepModel.counts
+
+
+@dataclass
+class GroupOutcome:
+    """What a forked process that simulated some replicas sends back: their parts, and the
+    request state, engine columns, token runs and counter events of the rows routed to them."""
+
+    rows: np.ndarray
+    state: dict[str, np.ndarray]  # RequestState's per-row arrays (MERGED_STATE) at `rows`
+    generated: np.ndarray
+    ended: int
+    request_columns: dict[str, np.ndarray]  # at `rows`
+    tokens: TokenRuns
+    parts: dict[int, ReplicaPart]  # by replica
+    counter_events: dict[int, pd.DataFrame]  # by replica (its policy), when it keeps counters
+
+
+# RequestState's per-row arrays a process's outcome carries (its `generated` is a list)
+MERGED_STATE = (
+    "arrival",
+    "status",
+    "reason",
+    "admitted_at",
+    "first_token_at",
+    "finished_at",
+    "replica",
+)
 
 BUSY, IDLE, HELD, DONE = range(4)  # how a standalone replica's burst of steps ended
 ABORTED = "aborted"  # the reason of a request whose client went away (live mode)
@@ -123,6 +164,7 @@ class Runner:
         self._changed: simpy.Event | None = None  # coupled: a release or push to wait for
         self._frontier_moved = self.env.event()
         self._started = False
+        self._simulated = list(range(n))  # the replicas this process simulates
 
     # ---- arrivals ---------------------------------------------------------------------------
     def _make_feeds(self, first: list[int], n: int) -> list[Arrivals]:
@@ -134,6 +176,7 @@ class Runner:
         mine: list[list[int]] = [[] for _ in range(n)]
         for r in first:  # static dispatch: every assignment up front
             mine[self.dispatcher.route(r, [])].append(r)
+        self._routed = mine
         feeds = [Arrivals(rows, arrival[rows].tolist(), self.horizon) for rows in mine]
         for i, feed in enumerate(feeds):
             feed.deliver = partial(self._accept, i)
@@ -273,7 +316,73 @@ class Runner:
     # ---- running ----------------------------------------------------------------------------
     def run(self) -> Timeline:
         """Run to the end (offline) and return the timeline."""
+        groups = self._process_groups()
+        if len(groups) > 1:
+            return self._run_in_processes(groups)
         return self.close()
+
+    def _process_groups(self) -> list[list[int]]:
+        """The replicas each process simulates: all in this one unless `cluster.processes` > 1
+        and the replicas run standalone (static dispatch, offline, no spill, no progress)."""
+        n = len(self.replicas)
+        k = min(self.cluster.process_count, n)
+        alone = not (self.coupled or self.pushed or self._started)
+        if k < 2 or not alone or self.spill is not None or self.progress is not None:
+            return [list(range(n))]
+        return [list(range(j, n, k)) for j in range(k)] if can_fork() else [list(range(n))]
+
+    def _run_in_processes(self, groups: list[list[int]]) -> Timeline:
+        outcomes = run_forked(lambda k: self._simulate_group(groups[k]), len(groups))
+        parts: dict[int, ReplicaPart] = {}
+        events: dict[int, pd.DataFrame] = {}
+        columns = self.replicas[0].request_columns()  # this process's rows (group 0) are set
+        for k, outcome in enumerate(outcomes):
+            parts.update(outcome.parts)
+            events.update(outcome.counter_events)
+            if k > 0:
+                self._merge(outcome, columns)
+        counters = _counters([events.get(i) for i in range(len(self.policies))])
+        return self._assemble([parts[i] for i in range(len(self.replicas))], counters, columns)
+
+    def _simulate_group(self, group: list[int]) -> GroupOutcome:
+        """Simulate replicas `group` alone (in a forked process, or this one) to the end."""
+        self._simulated = group
+        self.frontier = np.inf
+        self._advance_env(None)
+        reps = [self.replicas[i] for i in group]
+        for rep in reps:
+            rep.close()
+            rep.steps.close()
+        state = self.state
+        self.tokens.close_all(state.generated)
+        rows = np.array(sorted(r for i in group for r in self._routed[i]), dtype=np.int64)
+        columns = self.replicas[0].request_columns()
+        return GroupOutcome(
+            rows=rows,
+            state={name: getattr(state, name)[rows] for name in MERGED_STATE},
+            generated=np.asarray(state.generated, dtype=np.int64)[rows],
+            ended=state.ended,
+            request_columns={name: col[rows] for name, col in columns.items()},
+            tokens=self.tokens,
+            parts={rep.index: self._part(rep) for rep in reps},
+            counter_events={
+                i: p.counter_events()
+                for i in group
+                if isinstance(p := self.policies[i], CounterPolicy)
+            },
+        )
+
+    def _merge(self, outcome: GroupOutcome, request_columns: dict[str, np.ndarray]) -> None:
+        """Take what another process simulated: its rows' state, columns and token runs."""
+        state, rows = self.state, outcome.rows
+        for name in MERGED_STATE:
+            getattr(state, name)[rows] = outcome.state[name]
+        for row, generated in zip(rows.tolist(), outcome.generated.tolist(), strict=True):
+            state.generated[row] = generated
+        state.ended += outcome.ended
+        for name, col in request_columns.items():
+            col[rows] = outcome.request_columns[name]
+        self.tokens.absorb(outcome.tokens)
 
     def run_until(self, t: float) -> None:
         """Advance to time `t`: every arrival before `t` has been pushed."""
@@ -304,7 +413,8 @@ class Runner:
             self._started = True
             if self.coupled:
                 self.env.process(self._arrivals())
-            for rep in self.replicas:
+            for i in self._simulated:
+                rep = self.replicas[i]
                 self.env.process(self._coupled(rep) if self.coupled else self._standalone(rep))
         moved, self._frontier_moved = self._frontier_moved, self.env.event()
         moved.succeed()
@@ -423,16 +533,40 @@ class Runner:
 
     # ---- the result -------------------------------------------------------------------------
     def _timeline(self) -> Timeline:
-        state, reps = self.state, self.replicas
-        for rep in reps:
+        for rep in self.replicas:
             rep.close()
             rep.steps.close()
-        self.tokens.close_all(state.generated)
-        clocks = [rep.token_clock(rep.steps.clock_columns()) for rep in reps]
+        self.tokens.close_all(self.state.generated)
+        parts = [self._part(rep) for rep in self.replicas]
+        counters = None
+        if self.spill is None:
+            events = [
+                p.counter_events() if isinstance(p, CounterPolicy) else None for p in self.policies
+            ]
+            counters = _counters(events)
+        return self._assemble(parts, counters, self.replicas[0].request_columns())
+
+    def _part(self, rep: StepModel) -> ReplicaPart:
+        return ReplicaPart(
+            steps={} if self.spill is not None else rep.steps.columns(),
+            clock=rep.token_clock(rep.steps.clock_columns()),
+            now=rep.now,
+            kv_used=rep.kv_used(),
+            counts=rep.counts(),
+        )
+
+    def _assemble(
+        self,
+        parts: list[ReplicaPart],
+        counters: pd.DataFrame | None,
+        engine_columns: dict[str, np.ndarray],
+    ) -> Timeline:
+        state = self.state
+        clocks = [part.clock for part in parts]
         if self.spill is not None:
             steps: dict[str, np.ndarray] = {}
         else:
-            cols = [rep.steps.columns() for rep in reps]
+            cols = [part.steps for part in parts]
             # one replica's columns are the run's: no copy of 57 bytes a step (a 100,000-request
             # overload run records 1.6M steps; its simulation peaks at 518 MB instead of 593 MB)
             steps = (
@@ -440,9 +574,12 @@ class Runner:
                 if len(cols) == 1
                 else {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
             )
-            steps["replica"] = np.repeat(np.arange(len(reps)), [c["end"].shape[0] for c in cols])
+            steps["replica"] = np.repeat(np.arange(len(parts)), [c["end"].shape[0] for c in cols])
         offsets = np.cumsum([0] + [c.shape[0] for c in clocks])
-        request_columns = {"replica": state.replica, **reps[0].request_columns()}
+        counts: dict[str, int] = {}
+        for part in parts:
+            for name, value in part.counts.items():
+                counts[name] = counts.get(name, 0) + value
         return Timeline(
             trace=self.trace,
             arrival=state.arrival,
@@ -455,30 +592,32 @@ class Runner:
             steps=steps,
             token_runs=self.tokens.columns(offsets[:-1]),
             token_clock=clocks[0] if len(clocks) == 1 else np.concatenate(clocks),
-            pool_tokens=reps[0].pool_tokens,
-            counters=None if self.spill else _counters(self.policies),
+            pool_tokens=self.replicas[0].pool_tokens,
+            counters=counters,
             counter_logs=_counter_logs(self.policies) if self.spill else None,
             info={
                 "engine": self.engine.name,
-                "end_time": max(rep.now for rep in reps),
-                "replicas": len(reps),
+                "end_time": max(part.now for part in parts),
+                "replicas": len(parts),
                 "dispatcher": self.cluster.dispatcher,
-                "kv_used_at_end": sum(rep.kv_used() for rep in reps),
-                **self.engine.info(reps),
+                "kv_used_at_end": sum(part.kv_used for part in parts),
+                **self.engine.info(),
+                **counts,
             },
-            request_columns=request_columns,
-            step_files=None if self.spill is None else [rep.steps.spill_file() for rep in reps],
+            request_columns={"replica": state.replica, **engine_columns},
+            step_files=(
+                None if self.spill is None else [rep.steps.spill_file() for rep in self.replicas]
+            ),
         )
 
 
-def _counters(policies: list[Policy]) -> pd.DataFrame | None:
+def _counters(events: list[pd.DataFrame | None]) -> pd.DataFrame | None:
+    """The counter events of every policy (by index; None: it keeps no counters), with the
+    replica of each when there are several policies."""
     frames = []
-    for i, p in enumerate(policies):
-        if isinstance(p, CounterPolicy):
-            f = p.counter_events()
-            if len(policies) > 1:
-                f = f.assign(replica=i)
-            frames.append(f)
+    for i, f in enumerate(events):
+        if f is not None:
+            frames.append(f.assign(replica=i) if len(events) > 1 else f)
     if not frames:
         return None
     return pd.concat(frames, ignore_index=True)

@@ -113,8 +113,8 @@ class SLoRAConfig:
             for i, (policy, queue) in enumerate(zip(policies, queues, strict=True))
         ]
 
-    def info(self, replicas: list[StepModel]) -> dict[str, object]:
-        return {"decode_steps": sum(r.decodes for r in replicas)}  # type: ignore[attr-defined]
+    def info(self) -> dict[str, object]:
+        return {}
 
 
 @dataclass(slots=True)
@@ -271,6 +271,9 @@ class SLoRAReplica:
 
     def request_columns(self) -> dict[str, np.ndarray]:
         return {}
+
+    def counts(self) -> dict[str, int]:
+        return {"decode_steps": self.decodes}
 
     # ---- admission ----------------------------------------------------------------------
     def _form_batch(self) -> list[int]:

@@ -156,6 +156,10 @@ class StepModel(Protocol):
         """Per-request columns this model adds to requests.parquet (may be empty)."""
         ...
 
+    def counts(self) -> dict[str, int]:
+        """Counts for the timeline's `info`, summed over the replicas (may be empty)."""
+        ...
+
 
 class EngineConfig(Protocol):
     """A step model's configuration; `conf/engine/*.yaml` names the class."""
@@ -193,6 +197,7 @@ class EngineConfig(Protocol):
         """One replica per policy / queue (several replicas may share one of each)."""
         ...
 
-    def info(self, replicas: list[StepModel]) -> dict[str, object]:
-        """Model facts for the timeline's `info` (beyond engine, end time, replicas)."""
+    def info(self) -> dict[str, object]:
+        """Model facts for the timeline's `info` (beyond engine, end time, replicas and the
+        replicas' `counts`)."""
         ...

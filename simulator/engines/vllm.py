@@ -127,7 +127,7 @@ class VLLMConfig:
             for i, (policy, queue) in enumerate(zip(policies, queues, strict=True))
         ]
 
-    def info(self, replicas: list[StepModel]) -> dict[str, object]:
+    def info(self) -> dict[str, object]:
         return {"block_size": self.block_size}
 
 
@@ -278,6 +278,9 @@ class VLLMReplica:
 
     def token_clock(self, steps: dict[str, np.ndarray]) -> np.ndarray:
         return steps["end"]
+
+    def counts(self) -> dict[str, int]:
+        return {}
 
     def request_columns(self) -> dict[str, np.ndarray]:
         return {

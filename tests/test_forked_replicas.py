@@ -1,0 +1,119 @@
+"""Replicas of a static dispatcher simulated in forked processes (`cluster.processes`): the
+timeline is the one a single process gives, field for field and bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import a10g_cost, check_accounting, random_trace
+from policies import FCFS, RPM, VTC, FairServe
+from simulator.core.timeline import Timeline
+from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
+from simulator.engines.runner import Runner
+
+REQUEST_FIELDS = ("arrival", "status", "reason", "admitted_at", "first_token_at", "finished_at")
+
+
+def assert_same_timeline(serial: Timeline, forked: Timeline) -> None:
+    for name in (*REQUEST_FIELDS, "generated", "token_clock"):
+        np.testing.assert_array_equal(getattr(forked, name), getattr(serial, name), err_msg=name)
+    assert forked.steps.keys() == serial.steps.keys()
+    for name in serial.steps:
+        np.testing.assert_array_equal(forked.steps[name], serial.steps[name], err_msg=name)
+    assert forked.request_columns.keys() == serial.request_columns.keys()
+    for name in serial.request_columns:
+        np.testing.assert_array_equal(
+            forked.request_columns[name], serial.request_columns[name], err_msg=name
+        )
+    # token runs come in another order (each process closes its own); every reader sorts them
+    a, b = serial.sorted_token_runs(), forked.sorted_token_runs()
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+    assert forked.info == serial.info
+    assert list(forked.info) == list(serial.info), "same keys in the same order (summary.json)"
+    if serial.counters is None:
+        assert forked.counters is None
+    else:
+        pd.testing.assert_frame_equal(forked.counters, serial.counters)
+
+
+ENGINES = {
+    "slora": lambda: SLoRAConfig(pool_tokens=6_000),
+    "vllm": lambda: VLLMConfig(pool_tokens=6_000, block_size=16),
+}
+POLICIES = {"fcfs": FCFS, "vtc": VTC, "rpm": lambda: RPM(limit=8), "fairserve": FairServe}
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize(
+    ("replicas", "processes", "dispatcher"),
+    [(2, 2, "round_robin"), (3, 2, "client_affinity"), (3, 3, "round_robin")],
+)
+def test_forked_replicas_give_the_timeline_of_one_process(
+    engine, policy, replicas, processes, dispatcher
+):
+    # overloaded (4 clients at 12 requests/s on small pools): queues, preemptions, rejections
+    trace = random_trace(7, 300, 4, 400, 200, 12.0)
+
+    def run(n: int) -> Timeline:
+        cluster = ClusterConfig(replicas, dispatcher, processes=n)
+        return simulate(trace, POLICIES[policy](), a10g_cost(), ENGINES[engine](), cluster)
+
+    serial, forked = run(1), run(processes)
+    check_accounting(forked)
+    assert_same_timeline(serial, forked)
+    served = serial.request_columns["replica"]
+    assert set(served[served >= 0].tolist()) == set(range(replicas)), "every replica served"
+
+
+def test_a_horizon_leaves_the_same_requests_in_flight_in_every_process():
+    trace = random_trace(3, 200, 3, 300, 300, 10.0)
+    engine = VLLMConfig(pool_tokens=5_000, horizon=8.0)
+    serial, forked = (
+        simulate(trace, VTC(), a10g_cost(), engine, ClusterConfig(2, processes=n)) for n in (1, 2)
+    )
+    assert (serial.reason == "not_arrived").any() and (serial.reason == "running").any()
+    assert_same_timeline(serial, forked)
+
+
+def test_coupled_or_watched_runs_stay_in_one_process():
+    trace = random_trace(1, 50, 2, 100, 50, 5.0)
+
+    def groups(cluster: ClusterConfig, **kwargs) -> list[list[int]]:
+        return Runner(
+            trace, FCFS(), a10g_cost(), VLLMConfig(pool_tokens=5_000), cluster, **kwargs
+        )._process_groups()
+
+    assert groups(ClusterConfig(4, processes=2)) == [[0, 2], [1, 3]]
+    assert groups(ClusterConfig(2, processes=4)) == [[0], [1]]  # no more than the replicas
+    assert groups(ClusterConfig(2, "least_requests", processes=2)) == [[0, 1]]  # coupled
+    assert groups(ClusterConfig(2, processes=2), pushed=True) == [[0, 1]]  # live
+    assert groups(ClusterConfig(2, processes=2), progress=lambda snapshot: None) == [[0, 1]]
+
+
+def test_an_error_in_a_forked_process_is_raised_with_its_traceback(monkeypatch):
+    from simulator.engines import runner
+
+    def fail_in_children(self, group):
+        if group != [0]:
+            raise ValueError(f"replicas {group} failed")
+        return original(self, group)
+
+    original = runner.Runner._simulate_group
+    monkeypatch.setattr(runner.Runner, "_simulate_group", fail_in_children)
+    trace = random_trace(1, 50, 2, 100, 50, 5.0)
+    with pytest.raises(ValueError, match=r"replicas \[1\] failed") as err:
+        simulate(
+            trace, FCFS(), a10g_cost(), VLLMConfig(pool_tokens=5_000), ClusterConfig(2, processes=2)
+        )
+    assert "in a forked simulation process" in "".join(getattr(err.value, "__notes__", []))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "many", True])
+def test_processes_must_be_a_positive_integer_or_auto(bad):
+    with pytest.raises(ValueError, match="cluster.processes must be an integer >= 1 or auto"):
+        ClusterConfig(2, processes=bad)
+    assert ClusterConfig(2, processes="auto").process_count >= 1
