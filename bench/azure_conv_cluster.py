@@ -4,11 +4,15 @@ tokens) on 2 replicas of Llama-2-7B on A100-80GB, engine=vllm, round robin, per-
 Vidur needed about 70 s of wall time and 1.1 GB for the same requests without per-token output on
 this machine. Target (issue 7): wall <= 3.5 s and peak <= 300 MB. Wall time covers loading the
 trace, simulating and building the per-token table; peak is the process's maximum resident set.
-The same run with fast-forward off is timed too (`--compare`), with the ratio. The trace ships
-with fairsim (data:azure2023/conv_vidur_format.csv; --path reads another). Prints one JSON object
-last.
+The replicas are simulated in one forked process each, as `fairsim` does by default
+(`cluster.processes=auto`; `--processes 1` keeps them in this process); `child_peak_mb` is the
+forked process's peak. `--one-process` also times the run in one process, with the ratio and
+whether the timeline is the same. The same run with fast-forward off is timed too
+(`--compare`), with the ratio. The trace ships with fairsim
+(data:azure2023/conv_vidur_format.csv; --path reads another). Prints one JSON object last.
 
-Usage: python bench/azure_conv_cluster.py [--path CSV] [--compare] [--dispatcher NAME]
+Usage: python bench/azure_conv_cluster.py [--path CSV] [--compare] [--one-process]
+       [--processes N|auto] [--dispatcher NAME]
 """
 
 from __future__ import annotations
@@ -35,13 +39,14 @@ DEFAULT = resolve_path("data:azure2023/conv_vidur_format.csv")
 
 
 def run(
-    path: Path, fast_forward: bool, dispatcher: str = "round_robin"
+    path: Path, fast_forward: bool, dispatcher: str = "round_robin", processes: int | str = "auto"
 ) -> tuple[float, dict[str, float | int | str]]:
     t0 = time.perf_counter()
     trace = load_vidur(path)
     cost = VidurProfileCost(model="llama-2-7b", gpu="a100-80gb")
     engine = VLLMConfig(fast_forward=fast_forward)  # pool: A100 memory less weights
-    timeline = simulate(trace, FCFS(), cost, engine, cluster=ClusterConfig(2, dispatcher))
+    cluster = ClusterConfig(2, dispatcher, processes)
+    timeline = simulate(trace, FCFS(), cost, engine, cluster)
     rows, index, times = timeline.token_times()
     wall = time.perf_counter() - t0
     h = hashlib.sha256()
@@ -52,6 +57,7 @@ def run(
         wall,
         {
             "requests": len(trace),
+            "processes": min(cluster.process_count, cluster.replicas),
             "completed": int((timeline.status == 0).sum()),
             "output_tokens": int(rows.shape[0]),
             "steps": steps,
@@ -72,14 +78,24 @@ def main() -> None:
         default="round_robin",
         help="another dispatcher (load-aware ones couple the replicas: they step together)",
     )
+    ap.add_argument("--processes", default="auto", help="processes simulating the replicas")
+    ap.add_argument("--one-process", action="store_true", help="also run in one process")
     args = ap.parse_args()
+    processes = args.processes if args.processes == "auto" else int(args.processes)
     if not args.path.exists():
         sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")
-    wall, facts = run(args.path, True, args.dispatcher)
+    wall, facts = run(args.path, True, args.dispatcher, processes)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out: dict[str, object] = {"wall_s": round(wall, 3), "peak_mb": round(peak_mb, 1), **facts}
+    child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    out: dict[str, object] = {"wall_s": round(wall, 3), "peak_mb": round(peak_mb, 1)}
+    out.update(child_peak_mb=round(child_mb, 1), **facts)
+    if args.one_process:
+        alone, other = run(args.path, True, args.dispatcher, 1)
+        out["one_process_wall_s"] = round(alone, 3)
+        out["processes_speedup"] = round(alone / wall, 2)
+        out["same_timeline_one_process"] = other["timeline_sha256"] == facts["timeline_sha256"]
     if args.compare:
-        slow, other = run(args.path, False, args.dispatcher)
+        slow, other = run(args.path, False, args.dispatcher, processes)
         out["stepping_wall_s"] = round(slow, 3)
         out["speedup"] = round(slow / wall, 2)
         out["same_timeline"] = other["timeline_sha256"] == facts["timeline_sha256"]

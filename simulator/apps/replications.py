@@ -98,6 +98,8 @@ def run_replications(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     configs = [replication_config(cfg, i) for i in range(n)]
     folders = [str(Path(out_dir, f"replication={i}")) for i in range(n)]
     jobs = cfg.get("replication_jobs") or min(n, os.cpu_count() or 1)
+    for c in configs if jobs > 1 and cfg.get("cluster") else ():
+        c.cluster.processes = 1  # the replications running at once use the CPUs
     if jobs == 1:
         summaries = [_run_one(c, f) for c, f in zip(configs, folders, strict=True)]
     else:  # fresh interpreters: no state of this process is shared with a run

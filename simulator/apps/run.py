@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -80,12 +82,20 @@ def instantiate_parts(
     cfg: DictConfig,
 ) -> tuple[Policy, StepCostModel, EngineConfig, ClusterConfig | None]:
     """The policy, cost model, engine and cluster a composed config names."""
+    cluster = instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None
+    if cluster is not None and cluster.processes == "auto" and in_multirun():
+        cluster = dataclasses.replace(cluster, processes=1)  # the sweep's jobs use the CPUs
     return (
         instantiate(cfg.policy, _convert_="all"),
         instantiate(cfg.cost_model, _convert_="all"),
         instantiate(cfg.engine, _convert_="all"),
-        instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None,
+        cluster,
     )
+
+
+def in_multirun() -> bool:
+    """This process runs a job of a Hydra multirun sweep."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def simulate_config(cfg: DictConfig, trace: Trace | None = None) -> Timeline:
