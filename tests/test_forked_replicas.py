@@ -94,6 +94,16 @@ def test_coupled_or_watched_runs_stay_in_one_process():
     assert groups(ClusterConfig(2, processes=2), progress=lambda snapshot: None) == [[0, 1]]
 
 
+def test_where_processes_cannot_be_forked_the_replicas_run_in_this_one(monkeypatch):
+    from simulator.engines import runner
+
+    monkeypatch.setattr(runner, "can_fork", lambda: False)
+    trace = random_trace(1, 50, 2, 100, 50, 5.0)
+    cluster = ClusterConfig(2, processes=2)
+    engine = VLLMConfig(pool_tokens=5_000)
+    assert Runner(trace, FCFS(), a10g_cost(), engine, cluster)._process_groups() == [[0, 1]]
+
+
 def test_an_error_in_a_forked_process_is_raised_with_its_traceback(monkeypatch):
     from simulator.engines import runner
 

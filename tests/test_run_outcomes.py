@@ -144,6 +144,29 @@ def test_a_signal_stops_the_run_with_one_line_and_marks_the_folder(tmp_path, sig
         load_run(run)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_run_whose_replicas_are_simulated_in_forked_processes(tmp_path, signum):
+    run = tmp_path / "run"
+    args = ["workload.duration=3000", "cluster.replicas=2", "cluster.processes=2"]
+    args += ["progress=false", "compare_with=null", f"hydra.run.dir={run}"]
+    proc = start(args, tmp_path, own_group=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "job.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the simulation
+        sent = time.monotonic()
+        os.killpg(proc.pid, signum)  # the forked process gets it too, as from a terminal
+        _, err = proc.communicate(timeout=30)
+        stopped_after = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, err
+    assert err.splitlines() == [f"fairsim: interrupted ({signal.Signals(signum).name})"]
+    assert stopped_after < 5, "stops promptly instead of finishing the run"
+    assert status(run)["status"] == "interrupted"
+
+
 def test_load_run_takes_only_a_folder_marked_completed(tmp_path):
     timeline = small_timeline()
     write_run(timeline, tmp_path / "half", {"seed": 1}, complete=False)

@@ -9,6 +9,8 @@ results merged. Forking (not spawning) makes a child start with everything the p
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import sys
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -18,7 +20,11 @@ T = TypeVar("T")
 
 
 def can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
+    """Whether a child process can be forked safely (not on Windows, and not on macOS, where
+    system libraries may not survive a fork)."""
+    return sys.platform not in ("win32", "darwin") and (
+        "fork" in multiprocessing.get_all_start_methods()
+    )
 
 
 def run_forked(task: Callable[[int], T], count: int) -> list[T]:
@@ -46,6 +52,9 @@ def run_forked(task: Callable[[int], T], count: int) -> list[T]:
 
 
 def _child(task: Callable[[int], T], k: int, send: Connection) -> None:
+    # a signal stops the child at once; the parent's own handlers unwind the run
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         outcome: tuple[bool, object] = (True, task(k))
     except BaseException as err:  # sent to the parent, which raises it

@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -26,13 +25,9 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
+from simulator.engines.forked import can_fork
+
 ALIGN = 64  # each array's data starts at a multiple of this many bytes in the shared file
-
-
-def can_fork() -> bool:
-    return sys.platform not in ("win32", "darwin") and (
-        "fork" in multiprocessing.get_all_start_methods()
-    )
 
 
 class Worker:
