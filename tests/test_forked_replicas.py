@@ -127,3 +127,26 @@ def test_processes_must_be_a_positive_integer_or_auto(bad):
     with pytest.raises(ValueError, match="cluster.processes must be an integer >= 1 or auto"):
         ClusterConfig(2, processes=bad)
     assert ClusterConfig(2, processes="auto").process_count >= 1
+
+
+def test_auto_processes_become_one_in_a_sweep_job_and_in_parallel_replications():
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+
+    from simulator.apps.replications import replication_configs
+    from simulator.apps.run import instantiate_parts
+
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose(
+            "config", ["cluster.replicas=2", "hydra.mode=MULTIRUN"], return_hydra_config=True
+        )
+        plain = compose("config", ["cluster.replicas=2"])
+    assert cfg.cluster.processes == "auto"
+    assert instantiate_parts(cfg)[3].processes == "auto"  # a single run (no Hydra job)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert instantiate_parts(cfg)[3].processes == 1  # a multirun job: the sweep uses the CPUs
+    finally:
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]
+    assert [c.cluster.processes for c in replication_configs(plain, 3, jobs=1)] == ["auto"] * 3
+    assert [c.cluster.processes for c in replication_configs(plain, 3, jobs=2)] == [1] * 3

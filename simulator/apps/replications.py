@@ -77,6 +77,15 @@ def replication_config(cfg: DictConfig, i: int) -> DictConfig:
     return rep
 
 
+def replication_configs(cfg: DictConfig, n: int, jobs: int) -> list[DictConfig]:
+    """The n replications of `cfg`; when `jobs` > 1 run at once, each simulates its replicas
+    in its own process (`cluster.processes=1`): the replications use the CPUs already."""
+    configs = [replication_config(cfg, i) for i in range(n)]
+    for c in configs if jobs > 1 and cfg.get("cluster") else ():
+        c.cluster.processes = 1
+    return configs
+
+
 def paper_replication(cfg: DictConfig, i: int) -> DictConfig:
     """Replication i of a paper-suite run: the suites' jitter, its streams moved by i."""
     rep = vary_streams(cfg, i)
@@ -95,11 +104,9 @@ def run_replications(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     n = int(cfg.replications)
     if n < 2:
         raise ConfigError(f"replications must be an integer >= 2 to replicate, got {n}")
-    configs = [replication_config(cfg, i) for i in range(n)]
-    folders = [str(Path(out_dir, f"replication={i}")) for i in range(n)]
     jobs = cfg.get("replication_jobs") or min(n, os.cpu_count() or 1)
-    for c in configs if jobs > 1 and cfg.get("cluster") else ():
-        c.cluster.processes = 1  # the replications running at once use the CPUs
+    configs = replication_configs(cfg, n, jobs)
+    folders = [str(Path(out_dir, f"replication={i}")) for i in range(n)]
     if jobs == 1:
         summaries = [_run_one(c, f) for c, f in zip(configs, folders, strict=True)]
     else:  # fresh interpreters: no state of this process is shared with a run
