@@ -3,15 +3,18 @@ timeline is the one a single process gives, field for field and bit for bit."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from conftest import a10g_cost, check_accounting, random_trace
 from policies import FCFS, RPM, VTC, FairServe
+from simulator.core.requests import COMPLETED
 from simulator.core.timeline import Timeline
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
-from simulator.engines.runner import Runner
+from simulator.engines.runner import ProgressSnapshot, Runner
 
 REQUEST_FIELDS = ("arrival", "status", "reason", "admitted_at", "first_token_at", "finished_at")
 
@@ -79,7 +82,7 @@ def test_a_horizon_leaves_the_same_requests_in_flight_in_every_process():
     assert_same_timeline(serial, forked)
 
 
-def test_coupled_or_watched_runs_stay_in_one_process():
+def test_only_offline_runs_of_a_static_dispatcher_are_split_over_processes():
     trace = random_trace(1, 50, 2, 100, 50, 5.0)
 
     def groups(cluster: ClusterConfig, **kwargs) -> list[list[int]]:
@@ -91,7 +94,31 @@ def test_coupled_or_watched_runs_stay_in_one_process():
     assert groups(ClusterConfig(2, processes=4)) == [[0], [1]]  # no more than the replicas
     assert groups(ClusterConfig(2, "least_requests", processes=2)) == [[0, 1]]  # coupled
     assert groups(ClusterConfig(2, processes=2), pushed=True) == [[0, 1]]  # live
-    assert groups(ClusterConfig(2, processes=2), progress=lambda snapshot: None) == [[0, 1]]
+    watched = groups(ClusterConfig(2, processes=2), progress=lambda snapshot: None)
+    assert watched == [[0], [1]]  # the forked process posts its progress
+
+
+def test_progress_of_a_forked_run_counts_the_requests_every_process_finished(monkeypatch):
+    from simulator.engines import runner
+
+    clock = iter(range(10**9))  # a second of wall time between any two looks: report every time
+    monkeypatch.setattr(runner, "wallclock", SimpleNamespace(monotonic=lambda: float(next(clock))))
+    trace = random_trace(5, 120, 3, 200, 100, 8.0)
+    seen: list[tuple[int, bool, int, bool]] = []
+
+    def progress(snap: ProgressSnapshot) -> None:  # read the live arrays during the call
+        odd = ~np.isnan(snap.finished_at[1::2])  # round robin: the forked process's rows
+        seen.append((snap.finished, snap.done, snap.total, bool(odd.any())))
+
+    engine = VLLMConfig(pool_tokens=5_000)
+    timeline = simulate(trace, FCFS(), a10g_cost(), engine, ClusterConfig(2, processes=2), progress)
+    finished = [f for f, _, _, _ in seen]
+    assert finished == sorted(finished), "the count never goes back"
+    assert seen[-1][:3] == (int((timeline.status == COMPLETED).sum()), True, 120)
+    assert [done for _, done, _, _ in seen].count(True) == 1
+    assert any(odd and not done for _, done, _, odd in seen), "the forked rows show as they end"
+    serial = simulate(trace, FCFS(), a10g_cost(), engine, ClusterConfig(2, processes=1))
+    assert_same_timeline(serial, timeline)
 
 
 def test_where_processes_cannot_be_forked_the_replicas_run_in_this_one(monkeypatch):
@@ -107,10 +134,10 @@ def test_where_processes_cannot_be_forked_the_replicas_run_in_this_one(monkeypat
 def test_an_error_in_a_forked_process_is_raised_with_its_traceback(monkeypatch):
     from simulator.engines import runner
 
-    def fail_in_children(self, group):
+    def fail_in_children(self, group, post):
         if group != [0]:
             raise ValueError(f"replicas {group} failed")
-        return original(self, group)
+        return original(self, group, post)
 
     original = runner.Runner._simulate_group
     monkeypatch.setattr(runner.Runner, "_simulate_group", fail_in_children)

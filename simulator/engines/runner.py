@@ -41,7 +41,7 @@ from simulator.core.timeline import SpillPlan, Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.dispatch import ClusterConfig
 from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
-from simulator.engines.forked import can_fork, run_forked
+from simulator.engines.forked import ForkedTasks, Post, can_fork, shared_copy
 from simulator.engines.slora import SLoRAConfig
 from simulator.engines.step_model import EngineConfig, Plan, StepModel
 from traces.schema import Trace
@@ -165,6 +165,9 @@ class Runner:
         self._frontier_moved = self.env.event()
         self._started = False
         self._simulated = list(range(n))  # the replicas this process simulates
+        # while forked processes simulate other replicas: the simulated time each has reached
+        self._forked: ForkedTasks[GroupOutcome] | None = None
+        self._children: dict[int, float] = {}
 
     # ---- arrivals ---------------------------------------------------------------------------
     def _make_feeds(self, first: list[int], n: int) -> list[Arrivals]:
@@ -323,16 +326,28 @@ class Runner:
 
     def _process_groups(self) -> list[list[int]]:
         """The replicas each process simulates: all in this one unless `cluster.processes` > 1
-        and the replicas run standalone (static dispatch, offline, no spill, no progress)."""
+        and the replicas run standalone (static dispatch, offline, no spill)."""
         n = len(self.replicas)
         k = min(self.cluster.process_count, n)
         alone = not (self.coupled or self.pushed or self._started)
-        if k < 2 or not alone or self.spill is not None or self.progress is not None:
+        if k < 2 or not alone or self.spill is not None or not can_fork():
             return [list(range(n))]
-        return [list(range(j, n, k)) for j in range(k)] if can_fork() else [list(range(n))]
+        return [list(range(j, n, k)) for j in range(k)]
 
     def _run_in_processes(self, groups: list[list[int]]) -> Timeline:
-        outcomes = run_forked(lambda k: self._simulate_group(groups[k]), len(groups))
+        if self.progress is not None:  # the progress line sees every process's requests end
+            state = self.state
+            state.status = shared_copy(state.status)
+            state.first_token_at = shared_copy(state.first_token_at)
+            state.finished_at = shared_copy(state.finished_at)
+        tasks = ForkedTasks(
+            lambda k, post: self._simulate_group(groups[k], post),
+            len(groups),
+            self._child_progress,
+        )
+        self._forked, self._children = tasks, {}
+        outcomes = tasks.run(lambda: self._tick(self.env.now))
+        self._forked = None
         parts: dict[int, ReplicaPart] = {}
         events: dict[int, pd.DataFrame] = {}
         columns = self.replicas[0].request_columns()  # this process's rows (group 0) are set
@@ -342,11 +357,19 @@ class Runner:
             if k > 0:
                 self._merge(outcome, columns)
         counters = _counters([events.get(i) for i in range(len(self.policies))])
-        return self._assemble([parts[i] for i in range(len(self.replicas))], counters, columns)
+        ordered = [parts[i] for i in range(len(self.replicas))]
+        if self.progress is not None:
+            self._report(max(part.now for part in ordered), done=True)
+        return self._assemble(ordered, counters, columns)
 
-    def _simulate_group(self, group: list[int]) -> GroupOutcome:
-        """Simulate replicas `group` alone (in a forked process, or this one) to the end."""
+    def _simulate_group(self, group: list[int], post: Post | None) -> GroupOutcome:
+        """Simulate replicas `group` alone to the end: in this process (`post` None), or in a
+        forked one, whose progress reports are posted to this one."""
         self._simulated = group
+        if post is not None:  # a forked process: its reports go to the parent
+            self._forked = None
+            if self.progress is not None:  # its statuses and times are in shared memory
+                self.progress = lambda snap: post(snap.now)
         self.frontier = np.inf
         self._advance_env(None)
         reps = [self.replicas[i] for i in group]
@@ -371,6 +394,10 @@ class Runner:
                 if isinstance(p := self.policies[i], CounterPolicy)
             },
         )
+
+    def _child_progress(self, k: int, now: float) -> None:
+        """A forked process's progress: the simulated time it has reached."""
+        self._children[k] = now
 
     def _merge(self, outcome: GroupOutcome, request_columns: dict[str, np.ndarray]) -> None:
         """Take what another process simulated: its rows' state, columns and token runs."""
@@ -431,11 +458,15 @@ class Runner:
     def _report(self, now: float, done: bool = False) -> None:
         assert self.progress is not None
         self._reported = wallclock.monotonic()
-        state = self.state
+        state, ended = self.state, self.state.ended
+        if self._forked is not None:  # this process simulates some replicas, forked ones the rest
+            self._forked.drain()
+            now = min([now, *self._children.values()])  # reached by every process
+            ended = int(np.count_nonzero(state.status != IN_FLIGHT))  # the statuses are shared
         self.progress(
             ProgressSnapshot(
                 now,
-                state.ended,
+                ended,
                 len(self.trace),
                 state.arrival,
                 self.trace.prompt_len,
