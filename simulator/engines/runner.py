@@ -9,10 +9,10 @@ Replicas whose arrivals are known up front (one replica, or a static dispatcher 
 trace) each run alone and may run ahead of simulated time, taking many steps at once
 (fast-forward); with `cluster.processes` > 1 an offline run simulates them in forked processes
 at once (simulator/engines/forked.py) and merges what they return. Otherwise the replicas are
-coupled: each decides a step at its start and applies
-it at its end, one step at a time, so every replica and the dispatcher see the others exactly as
-of that instant. At one instant, arrivals come before the effects of a step ending then, and the
-next step's decisions come after both.
+coupled: each decides a step at its start and applies it at its end, one step at a time, so
+every replica and the dispatcher see the others exactly as of that instant. At one instant,
+arrivals come before the effects of a step ending then, and the next step's decisions come after
+both.
 
 Online use (`pushed=True`): nothing arrives from the trace by itself; `push(rows, times)` makes
 rows arrive, and `run_until(t)` advances the simulation to t, promising that every arrival before
