@@ -235,7 +235,12 @@ def test_sigterm_stops_a_sweep_and_marks_every_running_job_interrupted(tmp_path,
     finally:
         proc.kill()
     assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == "fairsim: interrupted (SIGTERM)"
+    # joblib's resource tracker, a helper process that outlives the sweep, may still warn on the
+    # same stderr about the semaphores and folders of the workers it ended; fairsim's own last
+    # word is the interrupt, and nothing raised a traceback
+    ours = [line for line in err.splitlines() if line.startswith("fairsim")]
+    assert ours[-1] == "fairsim: interrupted (SIGTERM)", err
+    assert "Traceback" not in err, err
     marks = [json.loads(p.read_text()) for p in sorted(sweep.glob("**/job.json"))]
     # a worker marks its own job as it stops; the sweep marks those the launcher ended first
     assert [m["status"] for m in marks] == ["interrupted", "interrupted"], marks
