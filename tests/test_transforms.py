@@ -82,6 +82,27 @@ def test_scale_tokens_rounds_and_keeps_at_least_one():
     assert out.output_len.tolist() == [1, 1, 1, 1]
 
 
+def test_scale_tokens_scales_the_tokens_each_prefix_block_id_covers():
+    # two 640-token prompts of ten 64-token ids; the second shares the first five (half)
+    ids = [np.arange(10), np.r_[np.arange(5), np.arange(10, 15)]]
+    tr = Trace.from_columns(
+        client=["a", "b"],
+        arrival=[0, 1],
+        prompt_len=[640, 640],
+        output_len=[4, 4],
+        block_hashes=ids,
+        hash_block_tokens=64,
+    )
+    out = ScaleTokens(prompt=0.125).apply(tr)
+    assert out.hash_block_tokens == 8 and out.prompt_len.tolist() == [80, 80]
+    covered = [len(h) * out.hash_block_tokens for h in out.block_hashes]
+    assert covered == out.prompt_len.tolist(), "the ids still cover each whole prompt"
+    assert ScaleTokens(prompt=0.3).apply(tr).hash_block_tokens == 19  # 64 * 0.3 = 19.2
+    assert ScaleTokens(prompt=0.001).apply(tr).hash_block_tokens == 1
+    plain = Trace.from_columns(client=["a"], arrival=[0], prompt_len=[640], output_len=[4])
+    assert ScaleTokens(prompt=0.125).apply(plain).hash_block_tokens == plain.hash_block_tokens
+
+
 def test_etalon_filter_drops_or_caps_long_requests():
     tr = poisson_trace()
     f = FilterLengths(prompt_below=16384, output_below=1024)

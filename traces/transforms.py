@@ -97,7 +97,9 @@ class SampleRescale:
 @dataclass(frozen=True)
 class ScaleTokens:
     """Multiply prompt and output lengths (FairServe runs its traces at 1/8: 0.125), rounding
-    to the nearest integer and keeping at least 1 token."""
+    to the nearest integer and keeping at least 1 token. A prompt's prefix-cache block ids keep
+    covering the same share of it: the tokens each id covers scale too (64 to 8 at 1/8), rounded
+    to an integer >= 1."""
 
     prompt: float = 1.0
     output: float = 1.0
@@ -111,10 +113,14 @@ class ScaleTokens:
         def scale(x: np.ndarray, f: float) -> np.ndarray:
             return np.maximum(1, np.floor(x * f + 0.5)).astype(np.int64)
 
+        hash_block = trace.hash_block_tokens
+        if trace.block_hashes is not None:
+            hash_block = max(1, round(hash_block * self.prompt))
         return trace.take(
             np.arange(len(trace)),
             prompt_len=scale(trace.prompt_len, self.prompt),
             output_len=scale(trace.output_len, self.output),
+            hash_block_tokens=hash_block,
         )
 
 
