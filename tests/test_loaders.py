@@ -363,6 +363,20 @@ def test_trace_stats_prints_json_and_saves_a_plot(tmp_path, capsys):
     assert png.stat().st_size > 0
 
 
+def test_trace_stats_detects_the_agentic_sessions_by_their_header(tmp_path, capsys):
+    header = "trace_id,agent_id,subagent_type,req_idx,t_abs_s,in_tokens,out_tokens,think_time_s"
+    header += ",stop"
+    rows = ["s1,main,,0,0.0,100,5,0.0,tool_use", "s1,main,,1,3.0,120,0,2.0,end_turn"]
+    rows.append("s2,main,,0,1.0,90,7,0.0,end_turn")
+    p = write(tmp_path, "sessions.csv", "\n".join([header, *rows]) + "\n")
+    assert detect_format(p) == "agentic"
+    main([str(p)])
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["format"] == "agentic" and stats["rows"] == 3
+    assert stats["clients"] == {"s1": round(2 / 3, 6), "s2": round(1 / 3, 6)}
+    assert stats["output_len"]["max"] == 7 and stats["prompt_len"]["max"] == 120
+
+
 def test_trace_stats_bad_file_is_one_line_and_exit_2(tmp_path):
     p = write(tmp_path, "bad.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,x\n")
     run = subprocess.run(

@@ -74,7 +74,8 @@ def load_agentic_sessions(
     interaction = np.cumsum(first) - 1
     call = np.arange(len(df)) - np.maximum.accumulate(np.where(first, np.arange(len(df)), 0))
     counts = np.bincount(interaction)
-    app = np.where(df["agent_id"].eq("main"), "main", df["subagent_type"].fillna("subagent"))
+    subagent = df["subagent_type"].astype(object).where(df["subagent_type"].notna(), "subagent")
+    app = np.where(df["agent_id"].eq("main"), "main", subagent)
     arrival = df["trace_id"].map(start_of).to_numpy() + df["t_abs_s"].to_numpy(dtype=float)
     hashes = None
     if block_hashes:

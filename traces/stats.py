@@ -1,9 +1,9 @@
 """What a trace file holds, as JSON (behind `fairsim-trace-stats PATH [--format] [--plot FILE]`).
 
-The format is detected from the file (JSONL: mooncake; CSV header: azure, vidur, vtc_real, or
-Etalon's length-only `lengths`; a folder or .tar.gz: a ServeGen pool, summarised as the requests
-it generates at `--rate` over `--duration`) or named with --format. A bad file exits with status
-2 and one line naming the file, row and field.
+The format is detected from the file (JSONL: mooncake; CSV header: azure, vidur, vtc_real, the
+agentic coding sessions, or Etalon's length-only `lengths`; a folder or .tar.gz: a ServeGen pool,
+summarised as the requests it generates at `--rate` over `--duration`) or named with --format. A
+bad file exits with status 2 and one line naming the file, row and field.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ HEADERS = {
     "TIMESTAMP": "azure",
     "arrived_at": "vidur",
     "arrival_s": "vtc_real",
+    "t_abs_s": "agentic",
     "num_prefill_tokens": "lengths",
 }
 PERCENTILES = (50, 90, 99)
