@@ -1,13 +1,16 @@
 """`fairsim-serve` against the official `openai` SDK, on loopback, bounded in time: streaming
 and plain answers for several tenants at once with exact chunk counts and usage, the 400 / 401 /
-429 paths in OpenAI's error format, Prometheus metrics, and on SIGINT a run folder whose token
+403 / 429 paths in OpenAI's error format, Prometheus metrics, and on SIGINT a run folder whose token
 timeline is exactly an offline run of the arrivals it recorded (the digital-twin guarantee)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,22 +131,50 @@ def test_errors_come_in_openais_format(server: Server):
     server.stop()
 
 
-@pytest.mark.parametrize("server", [("serve.api_keys={k1: alice}",)], indirect=True)
-def test_an_unknown_api_key_is_refused_and_a_known_one_names_the_client(server: Server):
+@pytest.mark.parametrize("server", [("serve.api_keys={k1: alice, k2: bob}",)], indirect=True)
+def test_with_api_keys_the_key_decides_the_client_and_no_header_skips_it(server: Server):
+    """Once keys are set, X-Client-Id (or `user`) never stands in for a key: a wrong or missing
+    key gets 401 with or without the header, a header naming another client than the key's gets
+    403, and a header restating the key's own client is served."""
+
+    def api(key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=server.url, api_key=key, max_retries=0, timeout=60)
+
+    async def create(key: str, **headers: str) -> None:
+        await api(key).completions.create(
+            model="fairsim", prompt="x", max_tokens=1, extra_headers=headers, user="mallory"
+        )
+
     async def scenario() -> None:
         with pytest.raises(openai.AuthenticationError):
-            await client(server).completions.create(model="fairsim", prompt="x", max_tokens=1)
-        known = openai.AsyncOpenAI(base_url=server.url, api_key="k1", max_retries=0)
-        await known.completions.create(model="fairsim", prompt="x", max_tokens=1)
+            await create("none")
+        with pytest.raises(openai.AuthenticationError):  # the header was the bypass
+            await create("none", **{"X-Client-Id": "alice"})
+        with pytest.raises(openai.AuthenticationError):
+            await create("k1x", **{"X-Client-Id": "alice"})
+        with pytest.raises(openai.PermissionDeniedError, match="does not match"):
+            await create("k2", **{"X-Client-Id": "alice"})
+        with pytest.raises(openai.AuthenticationError):
+            await api("none").models.list()
+        assert [m.id for m in (await api("k1").models.list()).data] == ["fairsim"]
+        await create("k1")
+        await create("k2", **{"X-Client-Id": "bob"})
 
     asyncio.run(scenario())
+    raw = urllib.request.Request(  # no Authorization header at all, only the claimed client
+        server.url + "/completions",
+        data=json.dumps({"model": "fairsim", "prompt": "x", "max_tokens": 1}).encode(),
+        headers={"Content-Type": "application/json", "X-Client-Id": "alice"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(raw, timeout=30)
+    assert refused.value.code == 401
     server.stop()
     requests = pd.read_parquet(server.folder / "requests.parquet")
-    assert requests.client.astype(str).tolist() == ["alice"]
+    assert requests.client.astype(str).tolist() == ["alice", "bob"]
 
 
 def test_metrics_use_vllms_names(server: Server):
-    import urllib.request
 
     async def one() -> None:
         await client(server).completions.create(model="fairsim", prompt="x" * 80, max_tokens=4)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import math
 import time
@@ -234,20 +235,46 @@ class ServerSettings:
     default_max_tokens: int
 
 
-def _client(request: web.Request, body: dict[str, Any], settings: ServerSettings) -> str:
-    """X-Client-Id, else the API key's client (401 for an unknown key when keys are set), else
-    the `user` field, else `default`."""
+def _client(request: web.Request, body: dict[str, Any], key_client: str | None) -> str:
+    """The tenant a request is served and charged as: the API key's client when `serve.api_keys`
+    is set (see `_authenticate`), else `X-Client-Id`, else the `user` field, else `default`."""
+    if key_client is not None:
+        return key_client
     header = request.headers.get("X-Client-Id")
     if header:
         return header
-    if settings.api_keys:
-        auth = request.headers.get("Authorization", "")
-        key = auth.removeprefix("Bearer ").strip()
-        if key not in settings.api_keys:
-            raise RequestError(401, "unknown API key", "invalid_request_error")
-        return settings.api_keys[key]
     user = body.get("user")
     return str(user) if user else "default"
+
+
+def _authenticate(request: web.Request, settings: ServerSettings) -> str | None:
+    """With `serve.api_keys` set, the key decides the tenant: a missing or unknown key gets 401
+    whatever other headers say, and an `X-Client-Id` naming another client than the key's gets
+    403 (a header may restate the key's client, never replace it). None without keys."""
+    if not settings.api_keys:
+        return None
+    client = _key_client(request.headers.get("Authorization", ""), settings.api_keys)
+    header = request.headers.get("X-Client-Id")
+    if header and header != client:
+        raise RequestError(
+            403, f"X-Client-Id {header!r} does not match this API key's client", "permission_error"
+        )
+    return client
+
+
+def _key_client(authorization: str, api_keys: dict[str, str]) -> str:
+    """The client of a `Bearer <key>` header; 401 for anything else. Every key is compared in
+    constant time, so the answer's timing says nothing about how much of a key was right."""
+    scheme, _, key = authorization.strip().partition(" ")
+    key = key.strip()
+    client = None
+    if scheme.lower() == "bearer" and key:
+        for known, owner in api_keys.items():
+            if hmac.compare_digest(known.encode(), key.encode()):
+                client = owner
+    if client is None:
+        raise RequestError(401, "missing or unknown API key", "invalid_request_error")
+    return client
 
 
 def estimate_tokens(chars_per_token: float) -> Callable[[str], int]:
@@ -372,6 +399,7 @@ def make_app(
 ) -> web.Application:
     async def generate(request: web.Request, kind: str) -> web.StreamResponse:
         try:
+            key_client = _authenticate(request, settings)  # before anything else is looked at
             try:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
@@ -380,7 +408,7 @@ def make_app(
                 raise RequestError(400, "the body must be a JSON object", "invalid_request_error")
             _check_supported(body)
             chat = kind == "chat"
-            client = _client(request, body, settings)
+            client = _client(request, body, key_client)
             prompt = _prompt_tokens(body, chat, settings.count_tokens)
             max_tokens = _max_tokens(body, chat, settings.default_max_tokens)
             if engine.waiting() >= settings.max_waiting:
@@ -456,6 +484,10 @@ def make_app(
         return await generate(request, "chat")
 
     async def models(request: web.Request) -> web.Response:
+        try:
+            _authenticate(request, settings)  # /v1 needs a key once keys are set, as in vLLM
+        except RequestError as err:
+            return err.response()
         return web.json_response(
             {
                 "object": "list",
