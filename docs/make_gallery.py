@@ -10,7 +10,7 @@ import argparse
 import base64
 from pathlib import Path
 
-from simulator.apps.notebook_run import execute
+from simulator.apps.sweeps.notebook_run import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 

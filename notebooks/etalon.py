@@ -61,8 +61,8 @@ plt.show()
 import pandas as pd
 from hydra.utils import instantiate
 
-from simulator.apps.prefill_profile import profile_prefill
-from simulator.apps.run import compose_config, simulate_config
+from simulator.api import compose_config, simulate_config
+from simulator.api.prefill_profile import profile_prefill
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import qoe_summary
 
@@ -103,7 +103,7 @@ sweep.round(3)
 # D_d, so almost no load passes there (`fairsim-capacity` finds about 0.25 requests/s).
 
 # %%
-from simulator.apps.capacity_run import capacity_search
+from simulator.apps.capacity.cli import capacity_search
 
 PER_PROBE = {"ci": 300, "full": 2000}[SCALE]
 found = {}

@@ -30,8 +30,8 @@ SCALE = "full"
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from simulator.apps.fairserve_table import PAPER
-from simulator.apps.run import compose_config, simulate_config
+from simulator.api import compose_config, simulate_config
+from simulator.apps.papers.fairserve_table import PAPER
 from simulator.metrics import interactions
 
 POLICIES = {

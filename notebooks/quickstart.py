@@ -27,7 +27,7 @@ SCALE = "full"
 # %%
 import matplotlib.pyplot as plt
 
-from simulator.apps.run import compose_config, simulate_config
+from simulator.api import compose_config, simulate_config
 from simulator.metrics import fairness, latency
 
 DURATION = {"ci": 60, "full": 600}[SCALE]

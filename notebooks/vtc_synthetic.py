@@ -30,7 +30,7 @@ SCALE = "full"
 import matplotlib.pyplot as plt
 import numpy as np
 
-from simulator.apps.run import build_trace, compose_config, simulate_config
+from simulator.api import build_trace, compose_config, simulate_config
 from simulator.metrics import fairness
 
 SUITES = {

@@ -30,8 +30,8 @@ SCALE = "full"
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from simulator.apps.run import compose_config, simulate_config
-from simulator.apps.vtc_tables import ROWS, measure
+from simulator.api import compose_config, simulate_config
+from simulator.apps.papers.vtc_tables import ROWS, measure
 from simulator.metrics import fairness
 
 # %% [markdown]

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import a10g_cost
 from policies import FCFS, Andes
-from simulator.apps.run import build_trace, compose_config
+from simulator.api import build_trace, compose_config
 from simulator.core.errors import ConfigError
 from simulator.engines import SLoRAConfig, VLLMConfig, simulate
 from simulator.metrics.latency import andes_qoe, token_throughput

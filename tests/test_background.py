@@ -127,7 +127,7 @@ def test_a_worker_given_no_work_ends_without_waiting():
 def test_a_run_writes_the_same_veeksha_files_with_its_child_and_without_fork(tmp_path, monkeypatch):
     """The run folder's metrics/ from the child (the default here) and from the run's own
     process (where fork is unavailable) are the same bytes, plots included."""
-    from simulator.apps.run import compose_config, run_config
+    from simulator.api import compose_config, run_config
 
     if not background.can_fork():
         pytest.skip("fork is unavailable here: every run writes in-process")

@@ -1,4 +1,4 @@
-"""bench/cli_end_to_end.py's comparison with a baseline revision: both run from their own code,
+"""benchmarks/cli_end_to_end.py's comparison with a baseline revision: both run from their own code,
 and the temporary worktree is gone afterwards."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 
-BENCH = [sys.executable, str(ROOT / "bench" / "cli_end_to_end.py")]
+BENCH = [sys.executable, str(ROOT / "benchmarks" / "cli_end_to_end.py")]
 
 
 def worktrees() -> list[str]:

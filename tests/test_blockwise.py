@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from simulator.apps.run import compose_config, run_config, simulate_config
+from simulator.api import compose_config, run_config, simulate_config
 from simulator.core.counters import DECODE, CounterLog
 from simulator.core.timeline import StepRecorder
 from simulator.metrics.latency import gaps_within, grouped_tokens

@@ -1,5 +1,5 @@
 """Calibration against the VTC paper's published numbers (Tables 2-6, transcribed in
-simulator/apps/vtc_tables.py's ROWS), via simulator.apps.vtc_tables.
+simulator/apps/papers/vtc_tables.py's ROWS), via simulator.apps.papers.vtc_tables.
 
 Pinned: one constant. The A10G cost model (conf/cost_model/a10g_llama7b.yaml) is a least-squares
 fit of the artifact's kernel profile (test_cost_models checks the fit) plus `step_overhead`, 4 ms
@@ -18,8 +18,8 @@ from functools import cache
 import pytest
 
 from conftest import SHARED_DATA
-from simulator.apps.run import compose_config, simulate_config
-from simulator.apps.vtc_tables import ROWS, PaperRow, measure
+from simulator.api import compose_config, simulate_config
+from simulator.apps.papers.vtc_tables import ROWS, PaperRow, measure
 from simulator.metrics import latency
 
 PAPER_FCFS_OVERLOAD_TOKENS_PER_S = 876  # Table 4

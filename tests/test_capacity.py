@@ -6,7 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from simulator.apps.capacity import (
+from simulator.api import compose_config
+from simulator.apps.capacity.cli import SimulatedService, capacity_search, write_results
+from simulator.apps.capacity.searches import (
     Condition,
     etalon_search,
     evalscope_search,
@@ -14,8 +16,6 @@ from simulator.apps.capacity import (
     results_table,
     veeksha_search,
 )
-from simulator.apps.capacity_run import SimulatedService, capacity_search, write_results
-from simulator.apps.run import compose_config
 from simulator.core.errors import ConfigError
 
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
-from simulator.apps.run import compose_config
+from simulator.api import compose_config
 
 CHOICES = {
     "engine": ["slora", "vllm"],
@@ -87,7 +87,7 @@ def test_any_command_line_completes_or_fails_with_one_input_error_line(args, tmp
     line = " ".join(args)
     try:
         res = subprocess.run(
-            [sys.executable, "-c", "from simulator.apps.cli import main; main()", *args, *TINY,
+            [sys.executable, "-c", "from simulator.apps.run.cli import main; main()", *args, *TINY,
              f"hydra.run.dir={run_dir}"],
             capture_output=True,
             text=True,

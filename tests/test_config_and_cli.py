@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, shared_file
-from simulator.apps.run import compose_config, run_config
+from simulator.api import compose_config, run_config
 
 GROUPS = ("engine", "cost_model", "policy", "workload", "experiment")
 
@@ -60,7 +60,7 @@ def test_default_run_through_the_python_api(tmp_path):
 
 def fairsim(*args, cwd):
     return subprocess.run(
-        [sys.executable, "-c", "from simulator.apps.cli import main; main()", *args],
+        [sys.executable, "-c", "from simulator.apps.run.cli import main; main()", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -159,3 +159,14 @@ def test_cli_input_errors_are_one_line_naming_the_key_with_exit_status_2(tmp_pat
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("fairsim: error: "), res.stderr
     assert message in lines[0]
+
+
+def test_the_python_api_keeps_its_old_import_path():
+    """Notebooks and scripts written against `simulator.apps.run` keep working: it re-exports
+    the API that now lives in `simulator.api`."""
+    import simulator.api as api
+    import simulator.apps.run as old
+
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(api, name), name
+    assert set(old.__all__) <= set(api.__all__)

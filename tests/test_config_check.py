@@ -1,4 +1,4 @@
-"""The config check (simulator/apps/config_check.py) names the key of a value that cannot be
+"""The config check (simulator/api/config_check.py) names the key of a value that cannot be
 used before anything is built, and passes every config fairsim ships."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from omegaconf.errors import MissingMandatoryValue
 
 from conftest import ROOT
-from simulator.apps.config_check import check_config
-from simulator.apps.run import compose_config
+from simulator.api import compose_config
+from simulator.api.config_check import check_config
 from simulator.core.errors import ConfigError
 
 GROUPS = ("engine", "cost_model", "policy", "workload", "experiment", "qoe")

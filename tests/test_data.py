@@ -27,7 +27,7 @@ from traces.files import SHIPPED_DATA, resolve_path
 from traces.schema import TraceError
 from traces.servegen import load_servegen_pool
 
-DATA_CLI = [sys.executable, "-c", "from simulator.apps.data import main; main()"]
+DATA_CLI = [sys.executable, "-c", "from simulator.apps.data.download import main; main()"]
 
 
 def shipped_files() -> list[Path]:

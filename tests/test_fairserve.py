@@ -246,7 +246,7 @@ def test_experiments_reproduce_the_papers_claims():
     and wastes nothing while RPM wastes prompt tokens. fairserve_sustained (two abusers flood a
     small workload for 60 s): benign users' interactions finish sooner than under VTC, still with
     no waste. fairserve_no_overload: FairServe throttles nothing while RPM still does."""
-    from simulator.apps.fairserve_table import measure
+    from simulator.apps.papers.fairserve_table import measure
 
     fs, rpm = (measure("fairserve_overload", p) for p in ("fairserve", "rpm_interaction"))
     assert fs["wasted_tokens"] == 0 < rpm["wasted_tokens"]
@@ -265,7 +265,7 @@ def test_artifact_shaped_workload_matches_the_trace_facts():
     user ~2,100 calls (1,778 of them in 60 s in the artifact), the median user a few calls per
     minute, prompt + output < 2,000 (1/8 scale), one app of 288-call interactions, most of one
     call."""
-    from simulator.apps.run import build_trace, compose_config
+    from simulator.api import build_trace, compose_config
 
     tr = build_trace(compose_config(["experiment=fairserve_overload"]))
     assert 9_000 <= len(tr) <= 11_000
@@ -284,7 +284,7 @@ def test_artifact_shaped_workload_matches_the_trace_facts():
 
 
 def test_the_fairserve_table_prints_the_papers_figures_beside_the_measured(capsys):
-    from simulator.apps.fairserve_table import main
+    from simulator.apps.papers.fairserve_table import main
 
     main(["--experiment", "fairserve_overload", "--policy", "rpm_interaction"])
     head, row = capsys.readouterr().out.splitlines()[:2]

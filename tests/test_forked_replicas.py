@@ -160,8 +160,8 @@ def test_auto_processes_become_one_in_a_sweep_job_and_in_parallel_replications()
     from hydra import compose, initialize_config_module
     from hydra.core.hydra_config import HydraConfig
 
-    from simulator.apps.replications import replication_configs
-    from simulator.apps.run import instantiate_parts
+    from simulator.api import instantiate_parts
+    from simulator.apps.sweeps.replications import replication_configs
 
     with initialize_config_module("conf", version_base="1.3"):
         cfg = compose(

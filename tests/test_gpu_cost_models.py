@@ -1,7 +1,7 @@
 """GPU cost models (cost_models/hardware.py, roofline.py, vidur_profile.py) against the published
 architectures, physical limits (the vendors' data sheets) and one measurement of a
 Llama-2-7B-shaped layer on an H100 (tests/data/h100_llama2_7b_timings.json, made by
-bench/gpu_layer_timings.py)."""
+benchmarks/gpu_layer_timings.py)."""
 
 import json
 from pathlib import Path

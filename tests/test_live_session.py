@@ -9,7 +9,7 @@ import pytest
 from hydra.utils import instantiate
 
 from policies import FCFS, VTC
-from simulator.apps.run import compose_config
+from simulator.api import compose_config
 from simulator.core.errors import ConfigError
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
 from simulator.engines.live import CapacityError, LiveSession

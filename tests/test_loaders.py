@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from cost_models import LinearStepCost
 from policies.fcfs import FCFS
-from simulator.apps.run import unfit
-from simulator.apps.trace_stats import main
+from simulator.api import unfit
+from simulator.apps.data.trace_stats import main
 from simulator.engines import SLoRAConfig, simulate
 from traces import (
     LengthsWorkload,
@@ -380,7 +380,7 @@ def test_trace_stats_detects_the_agentic_sessions_by_their_header(tmp_path, caps
 def test_trace_stats_bad_file_is_one_line_and_exit_2(tmp_path):
     p = write(tmp_path, "bad.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,x\n")
     run = subprocess.run(
-        [sys.executable, "-c", "from simulator.apps.trace_stats import main; main()", str(p)],
+        [sys.executable, "-c", "from simulator.apps.data.trace_stats import main; main()", str(p)],
         capture_output=True,
         text=True,
     )

@@ -208,7 +208,7 @@ def test_dlpm_serves_more_than_vtc_on_the_prefix_heavy_mix():
 def test_the_policy_table_puts_the_locality_policies_beside_vtc_with_the_papers_figure(
     capsys, tmp_path
 ):
-    from simulator.apps.policy_table import main
+    from simulator.apps.papers.policy_table import main
 
     rows = tmp_path / "rows.json"
     args = ["--policy", "vtc", "--policy", "lpm", "--policy", "dlpm", "--json", str(rows)]

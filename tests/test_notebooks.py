@@ -11,7 +11,7 @@ jupytext = pytest.importorskip("jupytext", reason="pip install -e '.[test]' (jup
 nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' (jupytext, nbclient)")
 nbformat = pytest.importorskip("nbformat")
 
-from simulator.apps.notebook_run import execute  # noqa: E402
+from simulator.apps.sweeps.notebook_run import execute  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("*.py"))

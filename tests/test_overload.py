@@ -1,4 +1,4 @@
-"""The overload warning (simulator/apps/overload.py): the engine's capacity is measured on a
+"""The overload warning (simulator/api/overload.py): the engine's capacity is measured on a
 saturated sample of the trace, and a trace offering more than ten times it gets one line."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from conftest import a10g_cost, random_trace
 from policies import FCFS
-from simulator.apps.overload import FACTOR, overload_warning, saturated_rate
+from simulator.api.overload import FACTOR, overload_warning, saturated_rate
 from simulator.engines import SLoRAConfig, VLLMConfig, simulate
 from traces import Trace
 

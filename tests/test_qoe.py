@@ -11,7 +11,7 @@ import pytest
 from conftest import a10g_cost
 from cost_models import LinearStepCost
 from policies import FCFS, VTC
-from simulator.apps.prefill_profile import profile_prefill
+from simulator.api.prefill_profile import profile_prefill
 from simulator.engines import simulate
 from simulator.metrics import latency
 from simulator.metrics.prefill_curve import fit_prefill_curve

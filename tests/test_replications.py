@@ -1,6 +1,6 @@
-"""Replications (simulator/apps/replications.py): each differs only in its jitter seed (and, if
-asked, its workload seed), the statistics are the textbook ones, a deterministic engine gives
-zero spread, and running them in parallel changes nothing."""
+"""Replications (simulator/apps/sweeps/replications.py): each differs only in its jitter seed
+(and, if asked, its workload seed), the statistics are the textbook ones, a deterministic engine
+gives zero spread, and running them in parallel changes nothing."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from simulator.apps.replications import interval_cell, replication_config, spread
-from simulator.apps.run import compose_config
+from simulator.api import compose_config
+from simulator.apps.sweeps.replications import interval_cell, replication_config, spread
 from simulator.report.run_folder import load_run
 
 
@@ -44,7 +44,7 @@ def test_spread_is_the_t_interval_and_numpys_percentiles():
 def replicate(tmp_path, name, *overrides):
     run = tmp_path / name
     res = subprocess.run(
-        [sys.executable, "-c", "from simulator.apps.cli import main; main()", "replications=3",
+        [sys.executable, "-c", "from simulator.apps.run.cli import main; main()", "replications=3",
          "workload.duration=40", "compare_with=null", "veeksha_metrics=false", *overrides,
          f"hydra.run.dir={run}"],
         capture_output=True, text=True, timeout=300,
@@ -85,7 +85,7 @@ def test_an_interval_cell_says_whether_the_papers_value_lies_within_p5_p95():
 
 
 def test_vtc_tables_print_intervals_beside_the_paper(capsys):
-    from simulator.apps.vtc_tables import ROWS, main
+    from simulator.apps.papers.vtc_tables import ROWS, main
 
     main(["--table", "5", "--replications", "2"])
     out = capsys.readouterr().out.splitlines()

@@ -58,7 +58,7 @@ def test_a_small_run_writes_the_pinned_files_and_content(name, tmp_path):
         [
             sys.executable,
             "-c",
-            "from simulator.apps.cli import main; main()",
+            "from simulator.apps.run.cli import main; main()",
             *run["args"],
             f"hydra.run.dir={tmp_path}/run",
         ],

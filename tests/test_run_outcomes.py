@@ -17,7 +17,7 @@ import pytest
 
 from conftest import a10g_cost, random_trace
 from policies import FCFS
-from simulator.apps.aggregate import aggregate
+from simulator.apps.sweeps.aggregate import aggregate
 from simulator.engines import SLoRAConfig, simulate
 from simulator.report.run_folder import (
     IncompleteRunError,
@@ -27,7 +27,7 @@ from simulator.report.run_folder import (
     write_run,
 )
 
-CLI = "from simulator.apps.cli import main; main()"
+CLI = "from simulator.apps.run.cli import main; main()"
 # a bug planted in a metric: the run folder's summary raises ZeroDivisionError
 BUGGY_CLI = (
     "import simulator.report.run_folder as f; f.fairness_summary = lambda *a, **k: 1 / 0; " + CLI

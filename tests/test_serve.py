@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 openai = pytest.importorskip("openai")
 
 from conftest import BIN, Server  # noqa: E402
-from simulator.apps.run import compose_config  # noqa: E402
+from simulator.api import compose_config  # noqa: E402
 from simulator.engines import simulate  # noqa: E402
 from traces.schema import Trace  # noqa: E402
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-FAIRSIM = [sys.executable, "-c", "from simulator.apps.cli import main; main()"]
+FAIRSIM = [sys.executable, "-c", "from simulator.apps.run.cli import main; main()"]
 SMALL = ["workload.duration=8", "progress=false"]  # progress is left out of folder names
 
 
@@ -160,7 +160,7 @@ def test_ray_launcher_attaches_to_a_running_cluster(tmp_path):
 
 
 def test_aggregate_makes_one_tidy_row_per_job_and_client(tmp_path):
-    from simulator.apps.aggregate import aggregate, load_column, main
+    from simulator.apps.sweeps.aggregate import aggregate, load_column, main
 
     r = sweep(tmp_path, "policy=fcfs,vtc", "workload.rate_scale=0.5,1", "seed=0,1")
     assert r.returncode == 0, r.stderr
@@ -200,7 +200,7 @@ def test_aggregate_makes_one_tidy_row_per_job_and_client(tmp_path):
 
 
 def test_aggregate_names_an_empty_folder(tmp_path):
-    from simulator.apps.aggregate import main
+    from simulator.apps.sweeps.aggregate import main
 
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path)])
@@ -212,7 +212,7 @@ def test_fluidity_without_veeksha_files_matches_them(tmp_path):
     the tokens when a sweep switched those files off."""
     import shutil
 
-    from simulator.apps.aggregate import request_fluidity
+    from simulator.apps.sweeps.aggregate import request_fluidity
 
     assert sweep(tmp_path / "s", "policy=vtc").returncode == 0
     folder = next((tmp_path / "s").glob("**/seed=0"))
@@ -225,7 +225,7 @@ def test_fluidity_without_veeksha_files_matches_them(tmp_path):
 
 
 def test_seed_intervals_are_bootstrap_intervals_of_the_mean():
-    from simulator.apps.aggregate import seed_intervals
+    from simulator.apps.sweeps.aggregate import seed_intervals
 
     rng = np.random.default_rng(0)
     rows = []

@@ -6,7 +6,7 @@ import pytest
 from hydra.utils import instantiate
 
 from conftest import shared_file
-from simulator.apps.run import compose_config
+from simulator.api import compose_config
 from traces import (
     AssignClients,
     FilterLengths,

@@ -1,5 +1,5 @@
-"""The validation report (simulator/apps/validation.py, `fairsim-validation`): verdicts follow
-their stated rules, the report lists every published number with the verdict its own figures
+"""The validation report (simulator/apps/papers/validation.py, `fairsim-validation`): verdicts
+follow their stated rules, the report lists every published number with the verdict its own figures
 give, and the committed docs/validation.md covers every published number of Tables 2-6."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.apps import fairserve_table, validation, vtc_tables
-from simulator.apps.replications import verdict
+from simulator.apps.papers import fairserve_table, validation, vtc_tables
+from simulator.apps.sweeps.replications import verdict
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
 NUMBER = r"[-\d.,]+"

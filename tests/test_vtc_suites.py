@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_file
-from simulator.apps.run import build_trace, compose_config
+from simulator.api import build_trace, compose_config
 from traces import ArtifactSuite, TraceError, VTCRealTrace, load_vtc_real
 
 # Requests per client: int(rate * duration) for the evenly spaced suites (worked by hand from the

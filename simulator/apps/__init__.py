@@ -1,2 +1,5 @@
-"""Applications: the `fairsim` command and its siblings, sweeps, aggregation, capacity search,
-the papers' tables, notebook execution."""
+"""The commands, one subpackage each: `run` (fairsim), `sweeps` (aggregation, replications,
+notebooks), `capacity` (fairsim-capacity), `live` (fairsim-serve), `measure` (fairsim-bench,
+fairsim-compare, fairsim-calibrate), `papers` (the papers' tables and the validation report),
+`data` (fairsim-data, fairsim-trace-stats); `common` is what every command shares: how a command
+ends, the Hydra job harness, the asyncio loop. The Python API they use is `simulator.api`."""

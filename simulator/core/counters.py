@@ -25,7 +25,7 @@ ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL, COMPLETE, PROMPT = range(len(
 class CounterLog:
     """The events in flat typed buffers: a run of many small updates (one decode step at a time)
     costs 24 bytes an event, where keeping each call's arrays cost about 400 bytes a call (a
-    100,000-request overload run held 1 GB of them; bench/cli_end_to_end.py --workload
+    100,000-request overload run held 1 GB of them; benchmarks/cli_end_to_end.py --workload
     overload). Consecutive calls for the same client and cause share one (client, cause,
     count) entry.
 

@@ -1,7 +1,7 @@
 """The prefill-time curve behind fluidity's first-token deadline (docs/metrics.md, fluidity).
 
 Etalon profiles the serving system with one request at a time at several prompt lengths, takes
-the minimum TTFT per length, and fits a curve (simulator/apps/prefill_profile.py profiles the
+the minimum TTFT per length, and fits a curve (simulator/api/prefill_profile.py profiles the
 simulated engine). Fit: least squares of TTFT on [1, P, P^2] (Etalon uses a random forest on
 [P, P^2]); the curve is flat outside the profiled range, as Etalon's is.
 """

@@ -182,7 +182,7 @@ PARQUET_ROW_GROUP = 1 << 20  # rows: Arrow's default row group, so small files a
 
 def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     """The frame a row group at a time: Arrow copies one row group's columns, not the whole
-    frame's (bench/cli_end_to_end.py --workload core, 26M tokens: 520 MB less at the peak).
+    frame's (benchmarks/cli_end_to_end.py --workload core, 26M tokens: 520 MB less at the peak).
     The schema is the whole frame's, so that a part whose column is all null keeps its type."""
     with FrameWriter(path) as writer:
         writer.write(frame)

@@ -236,7 +236,7 @@ def write_veeksha_metrics(
 
 def write_miss_curve(out: Path, decode_gaps: Ragged, exact: bool) -> None:
     """The deadline-miss curve (`miss_rate_at_tbt_targets`): its file needs only the gaps, so
-    a run has it written while it computes the rest (simulator/apps/run.py)."""
+    a run has it written while it computes the rest (simulator/api/run.py)."""
     curve = fluidity.miss_rate_at_tbt_targets(decode_gaps, exact=exact)
     curve.to_csv(out / MISS_CURVE_FILE, index=False)
 

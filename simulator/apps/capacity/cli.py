@@ -1,0 +1,297 @@
+"""Capacity search on the simulator: the Python API and the `fairsim-capacity` command.
+
+The knob (`capacity.variable`) is either
+- `rate`, the workload's mean arrival rate in requests/s (open loop): a probe at rate q runs the
+  configured synthetic workload with rate_scale = q / (its configured rate at scale 1), over
+  `capacity.num_requests / q` seconds when `num_requests` is set (Etalon's fixed-size runs) or
+  the workload's own duration otherwise; or
+- `concurrency`, the number of users of a closed loop (traces.ClosedLoop): each user sends its
+  next request when the previous one ends, `capacity.num_requests` requests in all. A synthetic
+  workload is wrapped (its clients give the users' lengths, `capacity.think_time` their think
+  time); a ClosedLoop workload keeps its own settings and only its `users` change.
+Every probe runs to completion. Etalon and Veeksha modes pass a probe when every SLO in `slos`
+is met; EvalScope mode judges its own criteria groups on metrics averaged over `num_runs` seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from matplotlib.figure import Figure
+from omegaconf import DictConfig, OmegaConf
+
+from simulator.api.prefill_profile import profile_prefill
+from simulator.api.run import instantiate_parts
+from simulator.apps.capacity.searches import (
+    SearchResult,
+    etalon_search,
+    evalscope_search,
+    parse_sla_params,
+    results_table,
+    veeksha_search,
+)
+from simulator.apps.common import hydra_jobs
+from simulator.core.errors import ConfigError
+from simulator.engines import simulate
+from simulator.metrics import latency
+from simulator.metrics.prefill_curve import fit_prefill_curve
+from simulator.metrics.qoe import QoEConfig, request_values
+from simulator.metrics.slo import evaluate_slos, parse_slos
+from simulator.report.run_folder import json_safe
+from traces.closed_loop import ClosedLoop
+from traces.schema import Trace
+from traces.synthetic import SyntheticWorkload
+
+MODES = ("etalon", "evalscope", "veeksha")
+VARIABLES = {"rate": "arrival rate (requests/s)", "concurrency": "concurrent users"}
+EVALSCOPE_UPPER = 1024  # evalscope's bound when capacity.upper is null
+
+
+class SimulatedService:
+    """Runs the configured policy, engine and workload at a given load (rate or users)."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        cap = cfg.capacity
+        self.variable = cap.get("variable", "rate")
+        if self.variable not in VARIABLES:
+            raise ConfigError(
+                f"capacity.variable: got {self.variable!r}; accepted: {tuple(VARIABLES)}"
+            )
+        self.num_requests = cap.get("num_requests")
+        self.workload = self._workload(instantiate(cfg.workload, _convert_="all"), cap)
+        self.cfg = cfg
+        _, self.cost, self.engine, self.cluster = instantiate_parts(cfg)
+        self.qoe: QoEConfig = instantiate(cfg.qoe, _convert_="all")
+        self.curve = (
+            fit_prefill_curve(profile_prefill(self.cost, self.engine))
+            if self.qoe.ttft_deadline is None
+            else None
+        )
+        raw = cfg.get("slos")
+        self.slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
+
+    def _workload(self, workload: Any, cap: DictConfig) -> SyntheticWorkload | ClosedLoop:
+        kind = type(workload).__name__
+        if self.variable == "rate":
+            if not isinstance(workload, SyntheticWorkload):
+                raise ConfigError(
+                    "capacity.variable=rate needs an open-loop synthetic workload "
+                    f"(traces.SyntheticWorkload); got {kind} (closed loops: "
+                    "capacity.variable=concurrency)"
+                )
+            return dataclasses.replace(workload, rate_scale=1.0)
+        if isinstance(workload, ClosedLoop):
+            if self.num_requests:
+                workload = dataclasses.replace(workload, num_requests=int(self.num_requests))
+            return workload
+        if not isinstance(workload, SyntheticWorkload):
+            raise ConfigError(
+                "capacity.variable=concurrency needs a traces.SyntheticWorkload or "
+                f"traces.ClosedLoop workload; got {kind}"
+            )
+        if not self.num_requests:
+            raise ConfigError("capacity.variable=concurrency needs capacity.num_requests >= 1")
+        return ClosedLoop(
+            workload,
+            users=1,
+            num_requests=int(self.num_requests),
+            think_time=float(cap.get("think_time", 0.0)),
+            name=f"{workload.name} (closed loop)",
+        )
+
+    def trace(self, value: float, seed: int) -> Trace:
+        """The workload at load `value`: an arrival rate, or a number of users."""
+        if isinstance(self.workload, ClosedLoop):
+            users = int(value)
+            if users != value or users < 1:
+                raise ConfigError(f"concurrency must be an integer >= 1, got {value}")
+            if users > self.workload.num_requests:
+                raise ConfigError(
+                    f"concurrency {users} exceeds the {self.workload.num_requests} requests per "
+                    "probe; raise capacity.num_requests"
+                )
+            return dataclasses.replace(self.workload, users=users).build(seed)
+        if not value > 0:
+            raise ConfigError(f"arrival rate must be > 0, got {value}")
+        base = self.workload  # at rate_scale 1
+        duration = self.num_requests / value if self.num_requests else base.duration
+        scale = value / base.configured_rate()
+        return dataclasses.replace(base, rate_scale=scale, duration=duration).build(seed)
+
+    def run(self, value: float, seed: int) -> tuple[Any, Any]:
+        trace = self.trace(value, seed)
+        policy = instantiate(self.cfg.policy, _convert_="all")
+        timeline = simulate(trace, policy, self.cost, self.engine, self.cluster)
+        return timeline.requests_frame(), timeline.tokens_frame()
+
+    def check_slos(self, value: float) -> tuple[bool, dict[str, float]]:
+        requests, tokens = self.run(value, int(self.cfg.seed))
+        values = request_values(requests, tokens, self.qoe, self.curve)
+        res = evaluate_slos(self.slos, values)
+        measured = {r["slo_metric_key"]: r["observed_value"] for r in res["results"]}
+        return bool(res["all_slos_met"]), measured
+
+    def evalscope_metrics(self, value: float, num_runs: int) -> dict[str, float]:
+        """EvalScope's metrics averaged over `num_runs` seeds (seed, seed + 1, ...)."""
+        runs = [self._measure(*self.run(value, int(self.cfg.seed) + k)) for k in range(num_runs)]
+        return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+
+    @staticmethod
+    def _measure(requests: Any, tokens: Any) -> dict[str, float]:
+        done = requests[requests.status == "completed"]
+        lat = latency.per_request_latency(done, tokens, "evalscope")
+        duration = float(done.finished_at.max() - requests.arrival.min()) if len(done) else 0.0
+
+        def pct(v: np.ndarray) -> float:
+            return latency.percentile(v, 99, "evalscope")
+
+        return {
+            "success_rate": len(done) / len(requests),
+            "avg_latency": float(lat.e2e.mean()),
+            "p99_latency": pct(lat.e2e.to_numpy()),
+            "avg_ttft": float(lat.ttft.mean()),
+            "p99_ttft": pct(lat.ttft.to_numpy()),
+            "avg_tpot": float(lat.tpot.mean()),
+            "p99_tpot": pct(lat.tpot.to_numpy()),
+            "rps": len(done) / duration if duration > 0 else 0.0,
+            "tps": float(done.output_len.sum()) / duration if duration > 0 else 0.0,
+        }
+
+
+def check_bounds(cap: DictConfig) -> None:
+    """The search's bounds make sense for its mode before anything is probed."""
+    start, upper, lower = float(cap.start), cap.get("upper"), int(cap.lower)
+    if not start > 0:
+        raise ConfigError(f"capacity.start must be > 0, got {cap.start!r}")
+    if cap.variable == "concurrency" and not float(start).is_integer():
+        raise ConfigError(f"capacity.start must be a whole number of users, got {cap.start!r}")
+    if cap.mode == "etalon":
+        if upper is not None:
+            raise ConfigError(
+                "capacity.upper is not used by capacity.mode=etalon (it brackets [0, 2 * start] "
+                "and widens it itself); leave it null or use mode=veeksha / evalscope"
+            )
+        if int(cap.max_iterations) < 1:
+            raise ConfigError(f"capacity.max_iterations must be >= 1, got {cap.max_iterations}")
+        return
+    if upper is not None and float(upper) < start:
+        raise ConfigError(f"capacity.upper ({upper}) must be >= capacity.start ({cap.start})")
+    if cap.mode == "veeksha" and int(cap.precision) < 0:
+        raise ConfigError(f"capacity.precision must be an integer >= 0, got {cap.precision}")
+    if cap.mode == "evalscope":
+        if not 1 <= lower <= start:
+            raise ConfigError(f"capacity.lower must be in [1, start={cap.start}], got {lower}")
+        if int(cap.num_runs) < 1:
+            raise ConfigError(f"capacity.num_runs must be >= 1, got {cap.num_runs}")
+
+
+def capacity_search(cfg: DictConfig) -> list[SearchResult]:
+    """Run the configured search (`capacity.mode`); one result per criteria group."""
+    cap = cfg.capacity
+    if cap.mode not in MODES:
+        raise ConfigError(f"capacity.mode: got {cap.mode!r}; accepted: {MODES}")
+    check_bounds(cap)
+    service = SimulatedService(cfg)
+    if cap.mode == "evalscope":
+        groups = parse_sla_params(OmegaConf.to_container(cap.sla_params))  # type: ignore[arg-type]
+        num_runs = int(cap.num_runs)
+        return [
+            evalscope_search(
+                lambda v: service.evalscope_metrics(float(v), num_runs),
+                group,
+                int(cap.start),
+                int(cap.lower),
+                int(cap.upper) if cap.get("upper") is not None else EVALSCOPE_UPPER,
+                service.variable,
+            )
+            for group in groups
+        ]
+    if not service.slos:
+        raise ConfigError(f"capacity.mode={cap.mode} needs at least one SLO in `slos`")
+    criteria = " AND ".join(
+        f"{s.key} {'<=' if s.lower_is_better else '>='} {s.value:g}" for s in service.slos
+    )
+    integer = service.variable == "concurrency"
+    if cap.mode == "etalon":
+        result = etalon_search(
+            service.check_slos, float(cap.start), int(cap.max_iterations), 0 if integer else 2
+        )
+    else:
+        precision = 0 if integer else int(cap.precision)
+        result = veeksha_search(service.check_slos, float(cap.start), precision, cap.get("upper"))
+    result.criteria, result.variable = criteria, service.variable
+    return [result]
+
+
+def write_results(results: list[SearchResult], folder: str | Path, mode: str) -> dict[str, Any]:
+    """capacity_search_results.json (best_value, history, one row per group) and a plot of the
+    measured metric against the rate."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "mode": mode,
+        "variable": results[0].variable,
+        "best_value": results[0].best_value,
+        "note": results[0].note,
+        "history": [dataclasses.asdict(p) for p in results[0].history],
+        "groups": [
+            {
+                "criteria": r.criteria,
+                "variable": r.variable,
+                "best_value": r.best_value,
+                "note": r.note,
+                "history": [dataclasses.asdict(p) for p in r.history],
+            }
+            for r in results
+        ],
+    }
+    (out / "capacity_search_results.json").write_text(json.dumps(json_safe(doc), indent=2) + "\n")
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    for r in results:
+        key = next(iter(r.history[0].metrics), None) if r.history else None
+        if key is None:
+            continue
+        if mode == "evalscope":
+            key = r.criteria.split()[0]
+        pts = sorted((p.value, p.metrics.get(key, np.nan), p.passed) for p in r.history)
+        xs, ys, ok = zip(*pts, strict=True)
+        ax.plot(xs, ys, "-", color="0.6", lw=1)
+        ax.scatter(xs, ys, c=["tab:green" if o else "tab:red" for o in ok], zorder=3)
+        ax.set_ylabel(key)
+    ax.set_xlabel(VARIABLES.get(results[0].variable, results[0].variable))
+    ax.set_title("capacity search probes (green: pass, red: fail)")
+    fig.tight_layout()
+    fig.savefig(out / "capacity_search.png", dpi=90)
+    return doc
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="capacity")
+def _main(cfg: DictConfig) -> None:
+    out_dir = HydraConfig.get().runtime.output_dir
+    hydra_jobs.run_job("fairsim-capacity", cfg, out_dir, lambda: _run(cfg, out_dir))
+
+
+def _run(cfg: DictConfig, out_dir: str) -> None:
+    results = capacity_search(cfg)
+    write_results(results, out_dir, cfg.capacity.mode)
+    for r in results:
+        print(f"search history ({r.criteria}):")
+        for p in r.history:
+            print(
+                f"  {r.variable} {p.value:g}: {'pass' if p.passed else 'fail'}  "
+                + ", ".join(f"{k}={v:.4g}" for k, v in p.metrics.items())
+            )
+    print(results_table(results))
+    print(f"results: {out_dir}/capacity_search_results.json")
+
+
+def main() -> None:
+    hydra_jobs.run_hydra_command("fairsim-capacity", _main)

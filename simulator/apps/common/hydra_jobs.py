@@ -1,0 +1,159 @@
+"""Multirun sweeps: job folders named by their overrides, resumable, failures recorded.
+
+Each job of `fairsim -m ...` runs in `<sweep dir>/<overrides>/seed=<seed>/` (the overrides
+without the seed, `default` when only the seed varies). A job's folder says in `job.json` how it
+went (simulator/report/run_folder.py): `{"status": "completed", "config_digest": ...}` after it
+wrote every output, or `failed` with the error and traceback (its config is in
+`.hydra/config.yaml`), or `interrupted`.
+Re-running a sweep into the same `hydra.sweep.dir` skips every job whose folder says completed
+for the same configuration digest. At the end, `SweepReport` prints the counts, writes
+`jobs.csv` beside the job folders, and exits 1 if any job failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from simulator.api.config_check import check_config
+from simulator.apps.common.command import (
+    Interrupted,
+    RunFailed,
+    input_error_message,
+    run_command,
+    signals_interrupt,
+)
+from simulator.report.run_folder import (
+    STATUS_FILE,
+    config_digest,
+    is_completed,
+    mark_completed,
+    mark_orphaned_jobs,
+    mark_running,
+    mark_status,
+    read_status,
+)
+
+
+def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -> None:
+    """Run one `prog` job in its folder, which says in job.json how it went (running, then
+    completed, failed with the error and traceback, or interrupted). Alone, a failure is raised
+    for `command.run_command` to report. In a multirun, skip the job if its folder already
+    completed this configuration, and record a failure instead of stopping the sweep."""
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    digest = config_digest(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    if multirun and is_completed(out_dir, digest):
+        print(f"{prog}: skipped, already completed: {out_dir}")
+        return
+    try:
+        with signals_interrupt():  # a sweep's worker process marks its job too
+            mark_running(out_dir, digest)
+            check_config(cfg)
+            job()
+    except (KeyboardInterrupt, Interrupted) as err:
+        name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
+        mark_status(out_dir, "interrupted", config_digest=digest, signal=name)
+        raise
+    except Exception as err:
+        record_failure(out_dir, err, digest)
+        if not multirun:
+            raise RunFailed(out_dir, err) from err
+        line = input_error_message(err) or f"internal error: {type(err).__name__}: {err}"
+        print(f"{prog}: job failed: {line} (recorded in {out_dir}/{STATUS_FILE})", file=sys.stderr)
+    else:
+        mark_completed(out_dir, digest)
+
+
+def record_failure(folder: str | Path, err: BaseException, digest: str) -> None:
+    message = input_error_message(err)
+    mark_status(
+        folder,
+        "failed",
+        config_digest=digest,
+        error=message if message is not None else f"{type(err).__name__}: {err}",
+        kind="input error" if message is not None else "internal error",
+        traceback="".join(traceback.format_exception(err)),
+    )
+
+
+def job_subdir(override_dirname: str, seed: Any) -> str:
+    """`<overrides>/seed=<seed>`: the seed gets its own level so seeds of one setting sit
+    together."""
+    return f"{override_dirname or 'default'}/seed={seed}"
+
+
+if not OmegaConf.has_resolver("fairsim_job_subdir"):  # used by conf/config.yaml's hydra.sweep
+    OmegaConf.register_new_resolver("fairsim_job_subdir", job_subdir)
+
+
+def job_folders(sweep_dir: str | Path) -> list[Path]:
+    """Every job folder (one with Hydra's `.hydra/`) under `sweep_dir`, in name order."""
+    return sorted(p.parent for p in Path(sweep_dir).glob("**/.hydra"))
+
+
+def job_table(sweep_dir: str | Path) -> list[dict[str, str]]:
+    """Every job folder under `sweep_dir`, with its status."""
+    rows = []
+    for folder in job_folders(sweep_dir):
+        job = read_status(folder) or {"status": "unfinished"}
+        rows.append(
+            {
+                "job": str(folder.relative_to(sweep_dir)),
+                "status": str(job.get("status")),
+                "error": str(job.get("error", "")),
+            }
+        )
+    return rows
+
+
+# the sweep folders this process has launched jobs into (SweepReport.on_multirun_start)
+_SWEEPS_STARTED: list[Path] = []
+
+
+def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
+    """`run_command` for a Hydra app. When SIGINT or SIGTERM stops a sweep, the launcher may have
+    ended a worker before it marked its job interrupted; those folders are marked here, so no
+    folder says running when nothing runs it."""
+
+    def entry() -> None:
+        try:
+            hydra_main()
+        except (KeyboardInterrupt, Interrupted) as err:
+            name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
+            for sweep_dir in _SWEEPS_STARTED:
+                mark_orphaned_jobs(sweep_dir, name)
+            raise
+
+    run_command(prog, entry)
+
+
+class SweepReport(Callback):
+    """Hydra callback: after a multirun, count its jobs and fail loudly if any failed."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _SWEEPS_STARTED.append(Path(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = job_table(sweep_dir)
+        if not rows:
+            return
+        pd.DataFrame(rows).to_csv(sweep_dir / "jobs.csv", index=False)
+        counts = Counter(r["status"] for r in rows)
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        print(f"fairsim sweep {sweep_dir}: {len(rows)} jobs: {summary}", file=sys.stderr)
+        failed = [r for r in rows if r["status"] != "completed"]
+        for r in failed:
+            print(f"  {r['status']}: {r['job']}: {r['error']}", file=sys.stderr)
+        if failed:
+            raise SystemExit(1)

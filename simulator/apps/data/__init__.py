@@ -1,0 +1,2 @@
+"""Data: `fairsim-data` (`download`: list, fetch and verify public datasets) and
+`fairsim-trace-stats` (`trace_stats`)."""

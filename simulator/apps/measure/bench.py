@@ -1,0 +1,149 @@
+"""`fairsim-bench`: replay a workload against a real OpenAI-compatible endpoint and score the
+measured run with the metrics of a simulation.
+
+Configured like `fairsim` (workload=, seed, qoe=, slos) plus the `target:` block
+(`TargetConfig`). The run folder is a simulation's: requests.parquet (client-side send, first
+token and finish times; status with the reason of every 429, HTTP error, timeout or dropped
+connection; `scheduled_at`, `http_status`, `reported_tokens`), tokens.parquet (the client-side
+time of every token), summary.json and the Veeksha files. steps.parquet is empty: a client sees
+no engine steps (`fairsim-calibrate` infers them).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from typing import Any
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from simulator.api.config_check import build_block
+from simulator.api.run import build_trace, qoe_setup, score_qoe, write_run_with_qoe
+from simulator.apps.common import hydra_jobs
+from simulator.apps.common.event_loop import run_loop
+from simulator.apps.common.tokenizer import load_tokenizer
+from simulator.apps.measure.bench_client import Received, Replay, TargetConfig, preflight
+from simulator.core.timeline import STEP_COLUMNS, Timeline
+from simulator.metrics.slo import parse_slos
+from simulator.report.background import Worker
+from simulator.report.console import DEFAULT_ROWS, format_fairness, format_qoe, format_summary
+from simulator.report.progress import StreamingReporter
+from simulator.report.run_folder import mark_completed, run_tables, write_summary
+from simulator.report.veeksha import prepare_plots
+from traces.schema import Trace
+
+
+def measured_timeline(trace: Trace, rec: Received, info: dict[str, Any]) -> Timeline:
+    """A measured run as a Timeline: each request's tokens are one run on a token clock made of
+    their receive times; no steps and no known memory pool."""
+    counts = np.array([len(t) for t in rec.tokens], dtype=np.int64)
+    clock = np.fromiter((x for t in rec.tokens for x in t), dtype=np.float64, count=counts.sum())
+    has = np.flatnonzero(counts > 0)
+    steps: dict[str, np.ndarray] = {k: np.empty(0, dtype=np.int64) for k in STEP_COLUMNS}
+    steps.update(start=np.empty(0), end=np.empty(0), kind=np.empty(0, dtype=np.int8))
+    steps["replica"] = np.empty(0, dtype=np.int64)
+    ends = np.concatenate([rec.finished_at[~np.isnan(rec.finished_at)], clock, [0.0]])
+    return Timeline(
+        trace=trace,
+        arrival=rec.sent_at,
+        status=rec.status,
+        reason=rec.reason,
+        admitted_at=np.full(len(trace), np.nan),
+        first_token_at=rec.first_token_at,
+        finished_at=rec.finished_at,
+        generated=counts,
+        steps=steps,
+        token_runs={
+            "row": has,
+            "index": np.zeros(has.shape[0], dtype=np.int64),
+            "count": counts[has],
+            "tick": (np.cumsum(counts) - counts)[has],
+        },
+        token_clock=clock,
+        pool_tokens=0,
+        info={"engine": "measured", "end_time": float(ends.max()), **info},
+        request_columns={
+            "scheduled_at": rec.scheduled_at,
+            "http_status": rec.http_status,
+            "reported_tokens": rec.reported_tokens,
+        },
+    )
+
+
+async def measure(
+    cfg: DictConfig, trace: Trace, target: TargetConfig
+) -> tuple[str, Received, dict[str, float]]:
+    model = await preflight(target)
+    print(
+        f"fairsim-bench: {len(trace)} requests to {target.url} (model {model}, "
+        f"{target.endpoint}, at most {target.max_concurrency} at once)",
+        flush=True,
+    )
+    count = load_tokenizer(target.tokenizer, "target.tokenizer") if target.tokenizer else None
+    replay = Replay(trace, target, model, int(cfg.seed), count)
+    progress = StreamingReporter() if cfg.get("progress") else None
+    received = await replay.run(progress)
+    return model, received, replay.clock()
+
+
+def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
+    """Replay, then write the run folder; returns the summary."""
+    for name in ("httpx", "httpx2"):  # a log line per request would bury the progress
+        logging.getLogger(name).setLevel(logging.WARNING)
+    target = build_block(cfg, "target", TargetConfig)
+    trace = build_trace(cfg)
+    result: list[tuple[str, Received, dict[str, float]]] = []
+
+    async def main() -> None:
+        result.append(await measure(cfg, trace, target))
+
+    run_loop(main())
+    model, received, clock = result[0]
+    info = {"target": target.url, "model": model}
+    resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    timeline = measured_timeline(trace, received, info)
+    tables = run_tables(timeline)
+    setup = None
+    if cfg.get("qoe"):
+        raw = cfg.get("slos")
+        slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
+        cost = instantiate(cfg.cost_model, _convert_="all")
+        engine = instantiate(cfg.engine, _convert_="all")
+        setup = qoe_setup(cfg, cost, engine, slos)
+    with Worker(prepare_plots) if setup and setup.veeksha else nullcontext() as plots:
+        qoe = score_qoe(setup, tables, out_dir, plots) if setup is not None else None
+        outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, plots)
+    outputs.summary["clock"] = clock
+    write_summary(outputs.summary, out_dir)
+    mark_completed(out_dir, outputs.summary["config_digest"])
+    return outputs.summary
+
+
+def _run(cfg: DictConfig, out_dir: str) -> None:
+    summary = bench(cfg, out_dir)
+    rows = cfg.get("console_rows", DEFAULT_ROWS)
+    print(format_summary(summary, rows))
+    print()
+    print(format_fairness(summary, rows))
+    if "qoe" in summary:
+        print()
+        print(format_qoe(summary, rows))
+    print(f"run folder: {out_dir}")
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="bench")
+def _main(cfg: DictConfig) -> None:
+    out_dir = HydraConfig.get().runtime.output_dir
+    hydra_jobs.run_job("fairsim-bench", cfg, out_dir, lambda: _run(cfg, out_dir))
+
+
+def main() -> None:
+    hydra_jobs.run_hydra_command("fairsim-bench", _main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""`fairsim`: compose the Hydra config, run it, write the run folder, print a per-client table."""
+
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from simulator.api.run import run_config
+from simulator.apps.common import hydra_jobs
+from simulator.apps.sweeps.replications import FILE, format_replications, run_replications
+from simulator.report.console import (
+    DEFAULT_ROWS,
+    format_fairness,
+    format_qoe,
+    format_slos,
+    format_summary,
+)
+from simulator.report.progress import StreamingReporter
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
+def _main(cfg: DictConfig) -> None:
+    out_dir = HydraConfig.get().runtime.output_dir
+    hydra_jobs.run_job("fairsim", cfg, out_dir, lambda: _run(cfg, out_dir))
+
+
+def _run(cfg: DictConfig, out_dir: str) -> None:
+    if int(cfg.get("replications") or 1) > 1:
+        result = run_replications(cfg, out_dir)
+        print(format_replications(result))
+        print(f"run folders: {out_dir}/replication=<i>; statistics: {out_dir}/{FILE}")
+        return
+    _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
+    rows = cfg.get("console_rows", DEFAULT_ROWS)
+    print(format_summary(outputs.summary, rows))
+    print()
+    print(format_fairness(outputs.summary, rows))
+    if "qoe" in outputs.summary:
+        print()
+        print(format_qoe(outputs.summary, rows))
+    if outputs.summary.get("slo_results", {}).get("results"):
+        print()
+        print(format_slos(outputs.summary["slo_results"]))
+    print(f"run folder: {out_dir}")
+
+
+def main() -> None:
+    hydra_jobs.run_hydra_command("fairsim", _main)
