@@ -169,4 +169,4 @@ def test_the_python_api_keeps_its_old_import_path():
 
     for name in old.__all__:
         assert getattr(old, name) is getattr(api, name), name
-    assert set(old.__all__) <= set(api.__all__)
+    assert old.__all__ == api.__all__

@@ -1,20 +1,5 @@
-"""`fairsim` (`cli`). Importing the Python API from here (`simulator.apps.run`) still works: it
-lives in `simulator.api`."""
+"""`fairsim` (`cli`). Importing the Python API from here (`simulator.apps.run`, its old path)
+still works: it lives in `simulator.api`."""
 
-from simulator.api.run import (
-    build_trace,
-    compose_config,
-    instantiate_parts,
-    run_config,
-    simulate_config,
-    unfit,
-)
-
-__all__ = [
-    "build_trace",
-    "compose_config",
-    "instantiate_parts",
-    "run_config",
-    "simulate_config",
-    "unfit",
-]
+from simulator.api import *  # noqa: F403
+from simulator.api import __all__  # noqa: F401
