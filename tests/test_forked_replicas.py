@@ -13,7 +13,9 @@ from conftest import a10g_cost, check_accounting, random_trace
 from policies import FCFS, RPM, VTC, FairServe
 from simulator.core.requests import COMPLETED
 from simulator.core.timeline import Timeline
-from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
+from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, forked, simulate
+from simulator.engines.forked import process_groups
+from simulator.engines.online import OnlineRunner
 from simulator.engines.runner import ProgressSnapshot, Runner
 
 REQUEST_FIELDS = ("arrival", "status", "reason", "admitted_at", "first_token_at", "finished_at")
@@ -85,15 +87,16 @@ def test_a_horizon_leaves_the_same_requests_in_flight_in_every_process():
 def test_only_offline_runs_of_a_static_dispatcher_are_split_over_processes():
     trace = random_trace(1, 50, 2, 100, 50, 5.0)
 
-    def groups(cluster: ClusterConfig, **kwargs) -> list[list[int]]:
-        return Runner(
-            trace, FCFS(), a10g_cost(), VLLMConfig(pool_tokens=5_000), cluster, **kwargs
-        )._process_groups()
+    def groups(cluster: ClusterConfig, online: bool = False, **kwargs) -> list[list[int]]:
+        make = OnlineRunner if online else Runner
+        return process_groups(
+            make(trace, FCFS(), a10g_cost(), VLLMConfig(pool_tokens=5_000), cluster, **kwargs)
+        )
 
     assert groups(ClusterConfig(4, processes=2)) == [[0, 2], [1, 3]]
     assert groups(ClusterConfig(2, processes=4)) == [[0], [1]]  # no more than the replicas
     assert groups(ClusterConfig(2, "least_requests", processes=2)) == [[0, 1]]  # coupled
-    assert groups(ClusterConfig(2, processes=2), pushed=True) == [[0, 1]]  # live
+    assert groups(ClusterConfig(2, processes=2), online=True) == [[0, 1]]  # live
     watched = groups(ClusterConfig(2, processes=2), progress=lambda snapshot: None)
     assert watched == [[0], [1]]  # the forked process posts its progress
 
@@ -122,25 +125,23 @@ def test_progress_of_a_forked_run_counts_the_requests_every_process_finished(mon
 
 
 def test_where_processes_cannot_be_forked_the_replicas_run_in_this_one(monkeypatch):
-    from simulator.engines import runner
 
-    monkeypatch.setattr(runner, "can_fork", lambda: False)
+    monkeypatch.setattr(forked, "can_fork", lambda: False)
     trace = random_trace(1, 50, 2, 100, 50, 5.0)
     cluster = ClusterConfig(2, processes=2)
     engine = VLLMConfig(pool_tokens=5_000)
-    assert Runner(trace, FCFS(), a10g_cost(), engine, cluster)._process_groups() == [[0, 1]]
+    assert process_groups(Runner(trace, FCFS(), a10g_cost(), engine, cluster)) == [[0, 1]]
 
 
 def test_an_error_in_a_forked_process_is_raised_with_its_traceback(monkeypatch):
-    from simulator.engines import runner
 
-    def fail_in_children(self, group, post):
+    def fail_in_children(runner, group, post):
         if group != [0]:
             raise ValueError(f"replicas {group} failed")
-        return original(self, group, post)
+        return original(runner, group, post)
 
-    original = runner.Runner._simulate_group
-    monkeypatch.setattr(runner.Runner, "_simulate_group", fail_in_children)
+    original = forked.simulate_group
+    monkeypatch.setattr(forked, "simulate_group", fail_in_children)
     trace = random_trace(1, 50, 2, 100, 50, 5.0)
     with pytest.raises(ValueError, match=r"replicas \[1\] failed") as err:
         simulate(

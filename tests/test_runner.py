@@ -17,6 +17,7 @@ from simulator.core.requests import COMPLETED, REJECTED
 from simulator.core.seam import ADMIT, WAIT, Drop
 from simulator.engines import ClusterConfig, Runner, SLoRAConfig, VLLMConfig, simulate
 from simulator.engines.arrivals import first_arrivals
+from simulator.engines.online import OnlineRunner
 from traces import Trace
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
@@ -38,7 +39,7 @@ def assert_same_timeline(a, b):
 def pushed_in_chunks(tr, make_policy, engine, cluster, cuts):
     """Run `tr` by pushing its first arrivals chunk by chunk: rows arriving before each cut,
     then run_until(cut)."""
-    runner = Runner(tr, make_policy(), a10g_cost(), engine, cluster, pushed=True)
+    runner = OnlineRunner(tr, make_policy(), a10g_cost(), engine, cluster)
     first = first_arrivals(tr)
     start = 0.0
     for cut in [*cuts, np.inf]:
@@ -106,7 +107,7 @@ def test_pushing_chained_calls_releases_them_as_offline():
 
 def test_a_step_is_not_applied_before_the_frontier_passes_its_end():
     tr = Trace.from_columns(client=["a"], arrival=[0.0], prompt_len=[10], output_len=[50])
-    runner = Runner(tr, FCFS(), CONST, SLoRAConfig(), pushed=True)
+    runner = OnlineRunner(tr, FCFS(), CONST, SLoRAConfig())
     runner.push([0])
     runner.run_until(0.05)  # the prefill ends at 0.1
     assert np.isnan(runner.state.first_token_at[0])
@@ -126,7 +127,7 @@ def test_bad_pushes_are_clear_errors():
         optional={"interaction_id": [1, 1], "call_index": [0, 1]},
         think_time=[0.0, 1.0],
     )
-    runner = Runner(tr, FCFS(), CONST, SLoRAConfig(), pushed=True)
+    runner = OnlineRunner(tr, FCFS(), CONST, SLoRAConfig())
     runner.push([0], [1.0])
     with pytest.raises(ValueError, match="pushed before"):
         runner.push([0], [2.0])
@@ -139,13 +140,16 @@ def test_bad_pushes_are_clear_errors():
         runner.push([0], [2.5])
     with pytest.raises(ValueError, match="before the frontier"):
         runner.run_until(2.0)
-    with pytest.raises(ValueError, match="pushed=True"):
-        Runner(tr, FCFS(), CONST, SLoRAConfig()).push([0])
+    offline = Runner(tr, FCFS(), CONST, SLoRAConfig())
+    assert not hasattr(offline, "push"), "only an OnlineRunner takes pushed arrivals"
+    assert (
+        offline.frontier == np.inf and OnlineRunner(tr, FCFS(), CONST, SLoRAConfig()).frontier == 0
+    )
 
 
 def test_rows_never_pushed_stay_not_arrived():
     tr = random_trace(seed=1, n=10, clients=2, max_prompt=50, max_output=20, rate=5.0)
-    runner = Runner(tr, FCFS(), CONST, SLoRAConfig(), pushed=True)
+    runner = OnlineRunner(tr, FCFS(), CONST, SLoRAConfig())
     runner.push([0, 1, 2])
     tl = runner.close()
     assert (tl.status[:3] == COMPLETED).all()

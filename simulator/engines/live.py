@@ -26,7 +26,7 @@ from simulator.core.requests import IN_FLIGHT, STATUSES
 from simulator.core.seam import Policy
 from simulator.core.timeline import Timeline
 from simulator.engines.dispatch import ClusterConfig
-from simulator.engines.runner import Runner
+from simulator.engines.online import OnlineRunner
 from simulator.engines.step_model import EngineConfig
 from traces.schema import LIVE_SOURCE, Trace
 
@@ -97,7 +97,7 @@ class LiveSession:
             source=LIVE_SOURCE,
             **apps,  # type: ignore[arg-type]
         )
-        self.runner = Runner(empty, policy, cost, engine, cluster, pushed=True)
+        self.runner = OnlineRunner(empty, policy, cost, engine, cluster)
         self.capacity, self.count = capacity, 0
         self._sent: dict[int, int] = {}  # active row -> tokens reported
         self._stamp = (-1, -1)  # (steps applied, requests ended) at the last emitted()
