@@ -11,6 +11,7 @@ from traces.schema import Trace
 class BasePolicy:
     name = "base"
     charged: frozenset[type] = NO_CHARGES
+    runs_live = False  # a policy that can serve fairsim-serve says so
 
     def bind(self, trace: Trace) -> None:
         self.trace = trace

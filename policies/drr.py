@@ -29,6 +29,7 @@ from traces.schema import Trace
 
 
 class DRR(BasePolicy):
+    runs_live = True
     name = "drr"
     charged = frozenset({PromptTokens, OutputTokens})
 

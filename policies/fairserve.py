@@ -377,6 +377,8 @@ class RPMInteraction(BasePolicy):
     window (as `rpm`), and once one call of an interaction is rejected the interaction's later
     calls are rejected on arrival ("interaction_aborted"). Accepted calls are served FCFS."""
 
+    runs_live = True
+
     name = "rpm_interaction"
 
     def __init__(self, limit: int = 10, window: float = 60.0) -> None:

@@ -7,6 +7,7 @@ from simulator.core.queue import WaitingQueue
 
 
 class FCFS(BasePolicy):
+    runs_live = True
     name = "fcfs"
 
     def pick(self, queue: WaitingQueue, now: float) -> int | None:

@@ -51,6 +51,8 @@ WINDOW = 128
 class PrefixAware:
     """The replica's prefix cache, seen by a locality-aware policy."""
 
+    runs_live = False  # not made to run live (DLPM would otherwise inherit DRR's True)
+
     name: str
     cache: ReplicaView | None = None
 

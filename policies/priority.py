@@ -13,6 +13,7 @@ from traces.schema import Trace
 
 
 class Priority(BasePolicy):
+    runs_live = True
     name = "priority"
 
     def __init__(self, priorities: Mapping[str, int] | None = None) -> None:

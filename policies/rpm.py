@@ -16,6 +16,7 @@ from traces.schema import Trace
 
 
 class RPM(BasePolicy):
+    runs_live = True
     name = "rpm"
 
     def __init__(self, limit: int, window: float = 60.0) -> None:

@@ -56,6 +56,8 @@ class LeastServed(BasePolicy):
     that appeared first): what VTC, LCF and FairServe's WSC share. Subclasses say what to
     charge; every change goes to the counter log."""
 
+    runs_live = True
+
     lift = "paper"
     victim_rule = "fcfs"
 

@@ -48,7 +48,7 @@ def test_a_user_waiting_past_the_expected_ttft_is_worth_more_than_one_with_unrea
 
 
 def test_andes_needs_the_vllm_engine():
-    with pytest.raises(ConfigError, match="needs engine=vllm"):
+    with pytest.raises(ConfigError, match="which engine=slora does not offer; use engine=vllm"):
         simulate(chat(8.0, 20.0), Andes(), a10g_cost(), SLoRAConfig(pool_tokens=20_000))
 
 

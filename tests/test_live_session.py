@@ -4,10 +4,13 @@ token times streamed as time advances are the timeline's, and bad use is refused
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hydra.utils import instantiate
 
+import conf
 from policies import FCFS, VTC
 from simulator.api import compose_config
 from simulator.core.errors import ConfigError
@@ -91,13 +94,18 @@ def test_a_request_no_engine_can_run_is_refused_at_once():
 
 
 def test_bad_use_is_refused_clearly():
+    from policies import DLPM, LPM, Andes
     from policies.fairserve import FairServe
 
     class Custom(FCFS):
         name = "custom"
+        runs_live = False  # a policy declares whether it can run live
 
     with pytest.raises(ConfigError, match="not supported in live mode"):
         LiveSession(Custom(), COST, SLoRAConfig())
+    for policy in (LPM(), DLPM(), Andes()):  # they do not declare it
+        with pytest.raises(ConfigError, match=f"policy '{policy.name}' is not supported in live"):
+            LiveSession(policy, COST, VLLMConfig(pool_tokens=10_000))
     with pytest.raises(ConfigError, match="live mode needs the expected lengths of every app"):
         LiveSession(FairServe(), COST, SLoRAConfig())
     with pytest.raises(ConfigError, match="horizon"):
@@ -187,3 +195,14 @@ def test_fairserve_live_throttles_and_charges_as_an_offline_run_of_its_arrivals(
     rows, _, times = live.token_times()
     for row in range(len(requests)):
         assert streamed.get(row, []) == times[rows == row].tolist()
+
+
+def test_the_policies_that_declare_runs_live_are_the_ones_live_mode_serves():
+    """Every built-in policy config, instantiated: the ones that run live declare it."""
+    policies = sorted(p.stem for p in (Path(conf.__file__).parent / "policy").glob("*.yaml"))
+    live = {
+        name
+        for name in policies
+        if instantiate(compose_config([f"policy={name}"]).policy, _convert_="all").runs_live
+    }
+    assert live == set(policies) - {"lpm", "dlpm", "andes"}

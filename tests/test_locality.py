@@ -14,9 +14,16 @@ from hypothesis import strategies as st
 from test_fairness_theory import backlog_intervals, intersect, pair_swings
 
 from conftest import a10g_cost
-from policies import DLPM, FCFS, LPM, VTC
+from policies import DLPM, FCFS, LPM, VTC, Andes
 from simulator.core.errors import ConfigError
-from simulator.core.seam import ADMIT, Finished, OutputTokens, PromptTokens
+from simulator.core.seam import (
+    ADMIT,
+    Finished,
+    OutputTokens,
+    PromptTokens,
+    ReplicaAware,
+    Rescheduler,
+)
 from simulator.engines import SLoRAConfig, VLLMConfig, simulate
 from traces import PrefixHeavyMix, Trace
 
@@ -46,9 +53,23 @@ def test_lpm_tries_the_longest_cached_prefix_first_where_fcfs_keeps_arrival_orde
     assert lpm.request_columns["cached_tokens"].tolist() == [0, 0, 512]
 
 
-def test_a_locality_policy_needs_a_prefix_cache():
-    with pytest.raises(ConfigError, match="needs a prefix cache: engine=vllm"):
-        simulate(three_requests(), DLPM(), a10g_cost(), SLoRAConfig(pool_tokens=20_000))
+@pytest.mark.parametrize("policy", [LPM(), DLPM(), Andes()], ids=lambda p: p.name)
+def test_a_policy_that_reads_its_replica_is_refused_by_an_engine_without_that_hook(policy):
+    """The engine checks the policy's optional hooks when it builds its replicas, so the error
+    comes before any request is served (a trace whose only request arrives past the horizon)
+    and names the engine that offers them."""
+    late = Trace.from_columns(client=["a"], arrival=[50.0], prompt_len=[10], output_len=[5])
+    engine = SLoRAConfig(pool_tokens=20_000, horizon=1.0)
+    with pytest.raises(ConfigError, match=r"which engine=slora does not offer; use engine=vllm$"):
+        simulate(late, policy, a10g_cost(), engine)
+    with pytest.raises(ConfigError, match="needs a prefix cache"):  # a policy used by hand
+        LPM().by_match(None)  # type: ignore[arg-type]
+
+
+def test_the_typed_hooks_say_what_each_policy_needs():
+    assert isinstance(LPM(), ReplicaAware) and not isinstance(LPM(), Rescheduler)
+    assert isinstance(Andes(), ReplicaAware) and isinstance(Andes(), Rescheduler)
+    assert not isinstance(FCFS(), ReplicaAware) and not isinstance(VTC(), Rescheduler)
 
 
 def service_bound(trace: Trace, pool: int, quantum: float) -> float:

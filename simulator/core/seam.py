@@ -20,12 +20,17 @@ answers a few questions. For every request, on the replica that serves it:
 plus `bind(trace)` before the run. A policy declares which charge events it uses (`charged`),
 so engines build none of the others: FCFS declares none and costs nothing per step.
 
-A policy that needs the replica's state (the prefix-locality policies, Andes) defines
-`see_replica(view)`: `engine=vllm` hands each replica's policy a `ReplicaView` (prefix-cache
-matches, KV use) when it builds the replica, so the policy reads the engine's own block cache
-instead of recomputing it. A policy that preempts by its own choice (Andes) also defines
-`reschedule(running, queue, now)`: before each step the engine preempts the running requests it
-returns (and then steps one at a time, since that choice may change at any step).
+Two optional hooks, each a Protocol an engine checks for when it builds its replicas (an
+engine that does not offer a hook a policy has refuses the policy, naming the engine that does):
+a policy that needs the replica's state (the prefix-locality policies, Andes) is `ReplicaAware`:
+`engine=vllm` hands each replica's policy a `ReplicaView` (prefix-cache matches, KV use) through
+`see_replica(view)`, so the policy reads the engine's own block cache instead of recomputing it.
+A policy that preempts by its own choice (Andes) is also a `Rescheduler`:
+`reschedule(running, queue, now)` before each step returns the running requests to preempt (the
+engine then steps one at a time, since that choice may change at any step).
+
+A policy also says whether it can serve live mode (`runs_live`): one that reads trace rows only
+lazily, as `fairsim-serve` fills them.
 
 Counter reporting is a separate interface: a policy with per-client counters (`CounterPolicy`)
 gives its change log after the run, and only such a policy can be shared by every replica of a
@@ -42,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.counters import CounterLog
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from traces.schema import Trace
 
@@ -103,6 +109,7 @@ ALL_CHARGES: frozenset[type] = frozenset({PromptTokens, OutputTokens, Finished})
 class Policy(Protocol):
     name: str
     charged: frozenset[type]  # the Charge classes the policy uses; engines skip the others
+    runs_live: bool  # it can run in live mode (reads trace rows only as they are filled)
 
     def bind(self, trace: Trace) -> None:
         """Reset all state for a run over `trace` (called once before the run starts)."""
@@ -132,7 +139,10 @@ class Policy(Protocol):
 class ReplicaView(Protocol):
     """One replica's memory, as a policy sees it (engine=vllm)."""
 
-    block_size: int  # tokens per KV block
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        ...
 
     def cached_tokens(self, req: int) -> int:
         """Prompt tokens of waiting request `req` that the prefix cache holds now (its longest
@@ -142,6 +152,36 @@ class ReplicaView(Protocol):
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""
         ...
+
+
+@runtime_checkable
+class ReplicaAware(Protocol):
+    """A policy that reads its replica's prefix cache and memory (LPM, DLPM, Andes)."""
+
+    def see_replica(self, view: ReplicaView) -> None:
+        """The replica this policy object serves, handed over when the replica is built."""
+        ...
+
+
+@runtime_checkable
+class Rescheduler(Protocol):
+    """A policy that preempts running requests by its own choice (Andes)."""
+
+    def reschedule(self, running: list[int], queue: WaitingQueue, now: float) -> list[int]:
+        """Before a step: the running requests to preempt now (they rejoin `queue`)."""
+        ...
+
+
+def check_hooks(policy: Policy, engine: str, offered: tuple[type, ...]) -> None:
+    """Refuse a policy that needs a hook (`ReplicaAware`, `Rescheduler`) the engine does not
+    offer, in one line naming the engine that does."""
+    for hook, what in ((ReplicaAware, "reads its replica's prefix cache and memory"),
+                       (Rescheduler, "preempts running requests by its own choice")):  # fmt: skip
+        if isinstance(policy, hook) and hook not in offered:
+            raise ConfigError(
+                f"policy={policy.name} {what}, which engine={engine} does not offer; "
+                "use engine=vllm"
+            )
 
 
 @runtime_checkable

@@ -30,13 +30,8 @@ from simulator.engines.online import OnlineRunner
 from simulator.engines.step_model import EngineConfig
 from traces.schema import LIVE_SOURCE, Trace
 
+
 # policies that read per-row data only through views of the trace, or on arrival
-LIVE_POLICIES = (
-    "fcfs", "rpm", "priority", "lcf", "vtc", "vtc_oracle", "vtc_predict", "drr",
-    "fairserve", "fairserve_custom", "fs_w", "fs_wl", "fs_wo", "rpm_interaction",
-)  # fmt: skip
-
-
 class CapacityError(RuntimeError):
     """The session has taken as many requests as it was made for."""
 
@@ -65,10 +60,11 @@ class LiveSession:
         client_apps: tuple[str, ...] | None = None,
     ) -> None:
         """`client_apps`: each client's app (FairServe's app limits), or None: no apps."""
-        if policy.name not in LIVE_POLICIES:
+        if not policy.runs_live:
             raise ConfigError(
-                f"policy {policy.name!r} is not supported in live mode; accepted: "
-                f"{', '.join(LIVE_POLICIES)}"
+                f"policy {policy.name!r} is not supported in live mode (it does not declare "
+                "runs_live); the built-in ones that do: fcfs, rpm, priority, lcf, drr, the vtc "
+                "family, the fairserve family, rpm_interaction"
             )
         if capacity < 1:
             raise ConfigError(f"capacity must be an integer >= 1, got {capacity}")

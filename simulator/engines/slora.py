@@ -33,7 +33,7 @@ import numpy as np
 from cost_models.base import StepCostModel
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
+from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens, check_hooks
 from simulator.core.timeline import DECODE, PREFILL, StepRecorder
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.fit import BatchFit, RunningFit
@@ -108,6 +108,8 @@ class SLoRAConfig:
         cost: StepCostModel,
         fast_forward: bool,
     ) -> list[StepModel]:
+        for policy in policies:
+            check_hooks(policy, self.name, offered=())
         return [
             SLoRAReplica(i, host, policy, queue, cost, self, fast_forward)
             for i, (policy, queue) in enumerate(zip(policies, queues, strict=True))

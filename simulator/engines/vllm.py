@@ -32,7 +32,15 @@ import numpy as np
 from cost_models.base import StepCostModel, mixed_step_time
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
+from simulator.core.seam import (
+    ADMIT,
+    OutputTokens,
+    Policy,
+    PromptTokens,
+    ReplicaAware,
+    Rescheduler,
+    check_hooks,
+)
 from simulator.core.timeline import DECODE, MIXED, PREFILL, StepRecorder
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.jitter import step_jitter
@@ -121,6 +129,8 @@ class VLLMConfig:
         cost: StepCostModel,
         fast_forward: bool,
     ) -> list[StepModel]:
+        for policy in policies:
+            check_hooks(policy, self.name, offered=(ReplicaAware, Rescheduler))
         shared = VLLMRequests(len(host.trace))
         return [
             VLLMReplica(i, host, shared, policy, queue, cost, self, fast_forward)
@@ -186,11 +196,10 @@ class VLLMReplica:
         self._prompt, self._output = self.state.prompt, self.state.output
         self.charge_prompt = PromptTokens in policy.charged
         self.charge_output = OutputTokens in policy.charged
-        see = getattr(policy, "see_replica", None)
-        if see is not None:  # the policy reads this replica's cache and memory
-            see(self)
+        if isinstance(policy, ReplicaAware):  # the policy reads this replica's cache and memory
+            policy.see_replica(self)
         # a policy that preempts by its own choice (Andes) decides before every step
-        self.reschedule = getattr(policy, "reschedule", None)
+        self.reschedule = policy.reschedule if isinstance(policy, Rescheduler) else None
         if self.reschedule is not None:
             self.fast_forward = False
         self.running: list[int] = []
