@@ -39,12 +39,12 @@ from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.fit import BatchFit, RunningFit
 from simulator.engines.jitter import step_jitter
 from simulator.engines.step_model import (
+    EngineKnobs,
     Host,
     Plan,
     StepModel,
-    check_horizon,
     check_integers,
-    check_jitter,
+    decode_step_ends,
     settle,
 )
 from traces.schema import Trace
@@ -56,18 +56,15 @@ SHORT_RUN_STEPS = 8
 
 
 @dataclass(frozen=True)
-class SLoRAConfig:
-    """Knobs of the S-LoRA router engine; defaults are the VTC paper's A10G runs (reserve 0)."""
+class SLoRAConfig(EngineKnobs):
+    """Knobs of the S-LoRA router engine; defaults are the VTC paper's A10G runs (reserve 0).
+    The knobs every engine has come from `EngineKnobs`."""
 
     pool_tokens: int = 10_000
     max_wait_tokens: int = 10
     batch_max_tokens: int = 3072
     running_max_req_size: int = 1000
     reserve_per_client: int = 0
-    fast_forward: bool = True
-    horizon: float | None = None
-    step_jitter_cv: float = 0.0  # multiplicative noise per step (simulator/engines/jitter.py)
-    step_jitter_seed: int = 0
 
     name = "slora"
 
@@ -76,8 +73,7 @@ class SLoRAConfig:
         check_integers(self, 0, "max_wait_tokens", "reserve_per_client")
         if self.reserve_per_client >= self.pool_tokens:
             raise ConfigError("engine.reserve_per_client must be smaller than engine.pool_tokens")
-        check_horizon(self.horizon)
-        check_jitter(self.step_jitter_cv, self.step_jitter_seed)
+        super().__post_init__()
 
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): its peak KV need
@@ -241,13 +237,9 @@ class SLoRAReplica:
                 continue  # it finished meanwhile
             emitted = min(self.decodes - int(self.first_decode[req]) + 1, self._output[req])
             self.stopped_at[req] = emitted
-            self.kv -= self._prompt[req] + emitted - 1
             table = self._run_table
             self._set_running(table.compress(table[0] != req, axis=1))
-            c = self._client_of[req]
-            self.running_clients[c] -= 1
-            if not self.running_clients[c]:
-                del self.running_clients[c]
+            self._leave(req, self._prompt[req] + emitted - 1)
             self._gone.add(req)
             self.host.aborted(self.index, req, self.now)
         self._aborting.clear()
@@ -380,22 +372,12 @@ class SLoRAReplica:
         return DecodePlan(self.now, ends, ends[-1])
 
     def _step_ends(self, n: int, k: int) -> list[float]:
-        """End times of the next `k` decode steps of `n` requests."""
-        jitter, first = self.jitter, len(self.steps)
-        if k <= SHORT_RUN_STEPS:  # the common case: scalar arithmetic beats array set-up
-            end, ends = self.now, []
-            for j in range(1, k + 1):  # the same additions, in the same order, as the cumsum
-                dt = self.cost.decode_time(n, self.kv + n * j)
-                if jitter is not None:
-                    dt *= jitter.factor(first + j - 1)
-                end += dt
-                ends.append(end)
-            return ends
-        context = self.kv + n * np.arange(1, k + 1, dtype=np.int64)  # KV read per step
-        times = self.cost.decode_times(n, context)
-        if jitter is not None:
-            times = times * jitter.factors(first, k)
-        return np.cumsum(np.concatenate(([self.now], times)))[1:].tolist()
+        """End times of the next `k` decode steps of `n` requests (each adds a token per
+        request to the KV it reads)."""
+        ends = decode_step_ends(
+            self.cost, self.jitter, len(self.steps), self.now, n, self.kv + n, k, SHORT_RUN_STEPS
+        )
+        return ends if isinstance(ends, list) else ends.tolist()
 
     def _apply_decode(self, plan: Plan) -> None:
         """Decode steps with a fixed batch; arrivals inside take effect between steps."""
@@ -440,12 +422,17 @@ class SLoRAReplica:
         table = self._run_table
         self._set_running(table.compress(table[2] != self.decodes, axis=1))
         for req in rows:
-            self.kv -= self._prompt[req] + self._output[req] - 1
-            c = self._client_of[req]
-            self.running_clients[c] -= 1
-            if not self.running_clients[c]:
-                del self.running_clients[c]
+            self._leave(req, self._prompt[req] + self._output[req] - 1)
         self.host.finish(self.index, rows, self.now)
+
+    def _leave(self, req: int, kv_tokens: int) -> None:
+        """`req` has left the running set (finished or aborted): its `kv_tokens` of KV are free
+        and its client runs one request fewer (the fit test's per-client reservation)."""
+        self.kv -= kv_tokens
+        c = self._client_of[req]
+        self.running_clients[c] -= 1
+        if not self.running_clients[c]:
+            del self.running_clients[c]
 
     def _set_running(self, table: np.ndarray) -> None:
         """Replace the running set (rows: trace row, client, finish decode count)."""

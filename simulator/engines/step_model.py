@@ -12,6 +12,7 @@ builds the replicas and says which requests they can never serve.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from simulator.core.requests import RequestState
 from simulator.core.seam import ADMIT, Drop, Policy
 from simulator.core.timeline import StepRecorder, TokenRuns
 from simulator.engines.arrivals import Arrivals
+from simulator.engines.jitter import StepJitter
 from traces.schema import Trace
 
 
@@ -55,6 +57,57 @@ def check_jitter(cv: float, seed: int) -> None:
 def check_horizon(horizon: float | None) -> None:
     if horizon is not None and not (np.isfinite(horizon) and horizon > 0):
         raise ConfigError(f"engine.horizon must be null or a number > 0, got {horizon!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineKnobs:
+    """The knobs every engine config has, and their checks (keyword-only, so each engine's own
+    knobs keep their order)."""
+
+    fast_forward: bool = True  # take a run of steps at once where nothing can change inside it
+    horizon: float | None = None  # stop at this simulated time (null: when every request ends)
+    step_jitter_cv: float = 0.0  # multiplicative noise per step (simulator/engines/jitter.py)
+    step_jitter_seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_horizon(self.horizon)
+        check_jitter(self.step_jitter_cv, self.step_jitter_seed)
+
+
+def decode_step_ends(
+    cost: StepCostModel,
+    jitter: StepJitter | None,
+    first_step: int,
+    now: float,
+    n: int,
+    context: int,
+    k: int,
+    short: int,
+    cut: float = math.inf,
+) -> list[float] | np.ndarray:
+    """End times of up to `k` decode steps of `n` requests from `now`: step j (from 0) reads
+    `context + n * j` tokens of KV and is step `first_step + j` of its replica (for jitter).
+    Runs of up to `short` steps are timed one by one in floats, stopping after the first that
+    ends at or after `cut` (a list: array set-up costs more than a few scalar additions); longer
+    runs as one array of all `k`. Both add the same step times in the same order, so they give
+    the same floats."""
+    if k <= short:
+        end, ends = now, []
+        for j in range(k):
+            dt = cost.decode_time(n, context + n * j)
+            if jitter is not None:
+                dt *= jitter.factor(first_step + j)
+            end += dt
+            ends.append(end)
+            if end >= cut:
+                break
+        return ends
+    times = cost.decode_times(n, context + n * np.arange(k, dtype=np.int64))
+    if jitter is not None:
+        times *= jitter.factors(first_step, k)
+    times[0] += now  # now + t0, then + t1, ...: the scalar loop's additions
+    np.cumsum(times, out=times)
+    return times
 
 
 def settle(

@@ -46,12 +46,12 @@ from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.jitter import step_jitter
 from simulator.engines.kv_blocks import BlockPool, block_keys
 from simulator.engines.step_model import (
+    EngineKnobs,
     Host,
     Plan,
     StepModel,
-    check_horizon,
     check_integers,
-    check_jitter,
+    decode_step_ends,
     settle,
 )
 from traces.schema import Trace
@@ -63,9 +63,10 @@ SHORT_RUN_STEPS = 24
 
 
 @dataclass(frozen=True)
-class VLLMConfig:
+class VLLMConfig(EngineKnobs):
     """Knobs of one vLLM-style replica. `pool_tokens` null: the cost model's KV capacity (GPU
-    memory less weights), which the roofline models provide."""
+    memory less weights), which the roofline models provide. The knobs every engine has come
+    from `EngineKnobs`."""
 
     pool_tokens: int | None = None
     block_size: int = 16
@@ -74,10 +75,6 @@ class VLLMConfig:
     watermark: float = 0.0
     prefix_caching: bool = True
     charge_recompute: bool = False
-    fast_forward: bool = True
-    horizon: float | None = None
-    step_jitter_cv: float = 0.0  # multiplicative noise per step (simulator/engines/jitter.py)
-    step_jitter_seed: int = 0
 
     name = "vllm"
 
@@ -92,8 +89,7 @@ class VLLMConfig:
             )
         if not (0.0 <= self.watermark < 1.0):
             raise ConfigError(f"engine.watermark must be in [0, 1), got {self.watermark!r}")
-        check_horizon(self.horizon)
-        check_jitter(self.step_jitter_cv, self.step_jitter_seed)
+        super().__post_init__()
 
     def num_blocks(self, cost: StepCostModel) -> int:
         if self.pool_tokens is not None:
@@ -254,11 +250,7 @@ class VLLMReplica:
         for req in self._aborting:
             if req not in self.running:
                 continue  # it finished meanwhile
-            self.running.remove(req)
-            self.prefilling.discard(req)
-            self.stalled.discard(req)
-            self.pool.release(req)
-            self.host.tokens.close(req, self.state.generated[req])
+            self._leave(req, self.running.index(req))
             self.host.aborted(self.index, req, self.now)
         self._aborting.clear()
 
@@ -435,16 +427,22 @@ class VLLMReplica:
                 state.admitted_at[req] = now
         return budget
 
-    def _preempt(self, req: int, position: int) -> None:
+    def _leave(self, req: int, position: int) -> None:
+        """`req`, at `position` of the running list, leaves it (finished, preempted or
+        aborted): its blocks go back to the pool (full prefix blocks stay cached) and its open
+        token run ends."""
         self.running.pop(position)
         self.prefilling.discard(req)
         self.stalled.discard(req)
         self.pool.release(req)
+        self.host.tokens.close(req, self.state.generated[req])
+
+    def _preempt(self, req: int, position: int) -> None:
         r = self.req
         r.high_water[req] = max(r.high_water[req], r.computed[req])
+        self._leave(req, position)
         r.computed[req] = 0
         r.preemptions[req] += 1
-        self.host.tokens.close(req, self.state.generated[req])
         self.state.reason[req] = "preempted"
         self.queue.push_front(req)
         self.host.queued(self.index, self.now)
@@ -515,26 +513,11 @@ class VLLMReplica:
     def _decode_ends(self, n: int, context: int, k: int, cut: float) -> np.ndarray:
         """End times of up to k decode steps of n requests from now (context: the tokens the
         first attends to, n more each step); short runs stop timing steps once one ends at or
-        after `cut` (nothing later can be taken). Short runs are timed step by step in floats,
-        long ones as arrays; both add the same step times in the same order."""
-        cost, jitter, first = self.cost, self.jitter, len(self.steps)
-        if k <= SHORT_RUN_STEPS:
-            end, short = self.now, []
-            for j in range(k):  # the same additions, in the same order, as the cumsum below
-                dt = cost.decode_time(n, context + n * j)
-                if jitter is not None:
-                    dt *= jitter.factor(first + j)
-                end += dt
-                short.append(end)
-                if end >= cut:
-                    break
-            return np.array(short)
-        ends = cost.decode_times(n, context + n * np.arange(k, dtype=np.int64))
-        if jitter is not None:
-            ends *= jitter.factors(first, k)
-        ends[0] += self.now  # now + t0, then + t1, ...: the scalar loop's additions
-        np.cumsum(ends, out=ends)
-        return ends
+        after `cut` (nothing later can be taken)."""
+        ends = decode_step_ends(
+            self.cost, self.jitter, len(self.steps), self.now, n, context, k, SHORT_RUN_STEPS, cut
+        )
+        return np.array(ends) if isinstance(ends, list) else ends
 
     def _apply_run(self, plan: DecodeRunPlan) -> None:
         rows, ends = plan.rows, plan.ends
@@ -639,9 +622,6 @@ class VLLMReplica:
     def _finish(self, finished: list[int]) -> None:
         if not finished:
             return
-        gen, tokens = self.state.generated, self.host.tokens
         for r in finished:
-            self.running.remove(r)
-            self.pool.release(r)
-            tokens.close(r, gen[r])
+            self._leave(r, self.running.index(r))
         self.host.finish(self.index, finished, self.now)
