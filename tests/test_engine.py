@@ -195,8 +195,17 @@ def test_fast_fit_equals_the_direct_formula(running, newcomers, extra, closed_fo
     direct = peak_kv_need(
         np.concatenate([prompt + gen, p + 1]), np.concatenate([finish - decodes - 1, o - 1])
     )
+
+    def need_with(enough: int | None = None) -> int:
+        """Peak need if the newcomers join now, in order: a mini-batch formed as the engine
+        forms it, the last newcomer tested."""
+        batch = fit.batch(decodes)
+        for pi, oi in zip(p[:-1].tolist(), o[:-1].tolist(), strict=True):
+            batch.add(pi, oi)
+        return batch.need(int(p[-1]), int(o[-1]), enough)
+
     with patch.object(BatchFit, "MAX_CLOSED_FORM", closed_form_limit):
-        assert fit.need_with(decodes, p, o) == direct
+        assert need_with() == direct
         # the engine's early stop decides `need < limit` exactly as the full need does
         for limit in (direct - 1, direct, direct + 1):
-            assert (fit.need_with(decodes, p, o, enough=limit) < limit) == (direct < limit)
+            assert (need_with(enough=limit) < limit) == (direct < limit)

@@ -193,7 +193,7 @@ def test_decode_counts_from_records_match_the_token_walk(lists, deadlines, exact
     from decimal multiples of the deadlines, where float and exact arithmetic differ)."""
     gaps = fl.Ragged.from_lists(lists)
     d = np.array(deadlines[: len(lists)])
-    got = fl.decode_counts(gaps, d, exact)
+    got = fl.DecodeProbes(gaps, exact).counts(np.arange(len(lists)), d)
     want = fl.deadline_counts(gaps, 0.0, d, exact, first_is_prefill=False)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])

@@ -12,12 +12,16 @@ from conftest import a10g_cost
 from cost_models import LinearStepCost
 from policies import FCFS, VTC
 from simulator.api.prefill_profile import profile_prefill
+from simulator.api.run import score_qoe, write_run_with_qoe
 from simulator.engines import simulate
 from simulator.metrics import latency
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, qoe_summary, request_values
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
-from simulator.report.veeksha import write_veeksha_metrics
+from simulator.report.background import Worker
+from simulator.report.blockwise import QoESetup
+from simulator.report.run_folder import run_tables
+from simulator.report.veeksha import prepare_plots
 from traces import ClientSpec, Fixed, Poisson, SyntheticWorkload, Uniform
 
 
@@ -233,9 +237,10 @@ def test_veeksha_files_and_health_checks(tmp_path):
         clients=[ClientSpec("c", Poisson(1.0), Fixed(16), Fixed(20))], duration=120.0
     ).build(2)
     tl = simulate(trace, FCFS(), a10g_cost())
-    req, tok, steps = tl.requests_frame(), tl.tokens_frame(), tl.steps_frame()
+    req, tok = tl.requests_frame(), tl.tokens_frame()
     slos = parse_slos([{"metric": "ttfc", "percentile": 0.99, "value": 5.0}])
-    res = write_veeksha_metrics(tmp_path, req, tok, steps, QoEConfig(), None, slos, 1.0)
+    res = write_metrics_as_a_run_does(tmp_path, tl, slos, 1.0)
+    tmp_path = tmp_path / "metrics"
     assert res["all_slos_met"] is True
     rows = [json.loads(line) for line in (tmp_path / "request_level_metrics.jsonl").open()]
     assert len(rows) == len(req)
@@ -253,8 +258,20 @@ def test_veeksha_files_and_health_checks(tmp_path):
         row = pd.read_csv(tmp_path / f"{name}.csv")
         assert list(row.columns) == ["p50", "p90", "p95", "p99", "min", "max", "mean"]
     # a configured rate far from the observed one fails the dispatch-rate check
-    write_veeksha_metrics(tmp_path, req, tok, steps, QoEConfig(), None, [], 2.0)
-    assert "[FAIL] session_dispatch_rate" in (tmp_path / "health_check_results.txt").read_text()
+    write_metrics_as_a_run_does(tmp_path / "fast", tl, [], 2.0)
+    checks_text = (tmp_path / "fast" / "metrics" / "health_check_results.txt").read_text()
+    assert "[FAIL] session_dispatch_rate" in checks_text
+
+
+def write_metrics_as_a_run_does(folder, timeline, slos, rate) -> dict:
+    """The run folder with its Veeksha files under metrics/, written the way `run_config`
+    writes them (the plots' child, QoE scoring, the summaries); the summary's slo_results."""
+    setup = QoESetup(QoEConfig(), None, slos, rate, veeksha=True)
+    tables = run_tables(timeline)
+    with Worker(prepare_plots) as plots:
+        qoe = score_qoe(setup, tables, folder, plots)
+        outputs = write_run_with_qoe(timeline, folder, {}, tables, qoe, plots)
+    return outputs.summary["slo_results"]
 
 
 def test_distribution_statistics_leave_out_nan_and_leave_the_values_untouched(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -47,10 +46,7 @@ class UniformInt:
 
 @dataclass(frozen=True)
 class Empirical:
-    """Draw from a table of lengths with optional weights (equal weights when omitted).
-
-    Build from a file with `Empirical.from_csv(path, column)`.
-    """
+    """Draw from a table of lengths with optional weights (equal weights when omitted)."""
 
     values: Sequence[int]
     weights: Sequence[float] | None = None
@@ -76,15 +72,6 @@ class Empirical:
             w = np.asarray(self.weights, dtype=float)
             p = w / w.sum()
         return rng.choice(v, size=n, p=p)
-
-    @classmethod
-    def from_csv(cls, path: str | Path, column: str) -> Empirical:
-        import pandas as pd
-
-        df = pd.read_csv(path)
-        if column not in df.columns:
-            raise TraceError(f"{path}: no column '{column}'; columns are {list(df.columns)}")
-        return cls(values=tuple(int(x) for x in df[column].to_numpy()))
 
 
 @dataclass(frozen=True)

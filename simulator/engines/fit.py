@@ -97,15 +97,6 @@ class RunningFit:
     def batch(self, decodes: int) -> BatchFit:
         return BatchFit(self, decodes)
 
-    def need_with(
-        self, decodes: int, prompts: np.ndarray, outputs: np.ndarray, enough: int | None = None
-    ) -> int:
-        """Peak need if newcomers with these prompt and output lengths join now, in order."""
-        batch = self.batch(decodes)
-        for p, o in zip(prompts[:-1].tolist(), outputs[:-1].tolist(), strict=True):
-            batch.add(p, o)
-        return batch.need(int(prompts[-1]), int(outputs[-1]), enough)
-
     def direct_need(self, decodes: int, prompts: np.ndarray, outputs: np.ndarray) -> int:
         """The same need by the direct formula (for very large mini-batches)."""
         live = self.live(decodes)

@@ -383,16 +383,6 @@ def decode_miss_rates(decode_gaps: Ragged, targets: np.ndarray, exact: bool = Fa
     return rates
 
 
-def decode_counts(
-    decode_gaps: Ragged, tbt_deadline: np.ndarray | float, exact: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """(missed, total) per request of its decode gaps at its own D_d: the same counts as
-    `deadline_counts(decode_gaps, 0, tbt_deadline, exact, first_is_prefill=False)`, found from
-    the records of the slack recursion (see `decode_miss_rates`) instead of a token walk."""
-    n = decode_gaps.lengths.shape[0]
-    return DecodeProbes(decode_gaps, exact).counts(np.arange(n), tbt_deadline)
-
-
 class DecodeProbes:
     """Decode gaps prepared once to count deadline misses at many D_d (a bisection's probes)."""
 

@@ -22,7 +22,7 @@ from simulator.metrics import fluidity, latency
 from simulator.metrics.fluidity import Ragged
 from simulator.metrics.pooled import WeightedValues
 from simulator.metrics.prefill_curve import PrefillCurve
-from simulator.metrics.qoe import QoEConfig, request_fluidity, request_values
+from simulator.metrics.qoe import QoEConfig, request_fluidity
 from simulator.metrics.slo import SLO, evaluate_slos
 from simulator.report.run_folder import json_safe
 
@@ -199,39 +199,6 @@ def health_checks(
         }
     )
     return checks
-
-
-def write_veeksha_metrics(
-    folder: str | Path,
-    requests: pd.DataFrame,
-    tokens: pd.DataFrame,
-    steps: pd.DataFrame,
-    cfg: QoEConfig,
-    curve: PrefillCurve | None = None,
-    slos: list[SLO] | None = None,
-    configured_rate: float | None = None,
-) -> dict[str, Any]:
-    """Write every file; return slo_results (also written) for the caller's summary."""
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    fluidity_table = request_fluidity(requests, tokens, cfg, curve)
-    columns = request_level_columns(requests, tokens, cfg, curve, fluidity_table)
-    values = request_values(requests, tokens, cfg, curve, fluidity_table)
-    decode_gaps = latency.inter_token_gaps(requests, tokens)[1].drop_first()
-    write_miss_curve(out, decode_gaps, cfg.exact)
-    write_rows_and_distributions(out, columns, decode_gaps, values)
-    return write_veeksha_summaries(
-        out,
-        requests,
-        len(columns["request_id"]),
-        values,
-        fluidity.fluid_token_rate(decode_gaps, cfg.exact),
-        columns["num_delta_prompt_tokens"],
-        columns["ttfc"],
-        prefilled_tokens(steps),
-        slos,
-        configured_rate,
-    )
 
 
 def write_miss_curve(out: Path, decode_gaps: Ragged, exact: bool) -> None:
