@@ -1,5 +1,5 @@
-"""Capacity-search benchmark (issue 5 target: an Etalon-mode search of 20 probes over
-2,000-request runs in <= 30 s on the development machine).
+"""Capacity-search benchmark (target: an Etalon-mode search of 20 probes over 2,000-request
+runs in <= 30 s on a 2-core x86 VM with 24 GB).
 
 Uses `conf/capacity.yaml` as shipped (poisson_chat workload, the root config's policy (VTC),
 A10G cost model, D_d = 30 ms, D_p = profiled prefill + 0.3 s, P99 miss rate <= 0.1).

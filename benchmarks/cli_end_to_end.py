@@ -6,9 +6,8 @@ vLLM-style engine (Llama-2-7B / A100-80GB, Vidur operator profile), FCFS, no com
 every default output (run folder, QoE summary, Veeksha files). `--workload core` runs the core
 benchmark's 100,000-request S-LoRA workload through the CLI. `--workload overload` runs the
 default policy and comparison on poisson_chat with every request arriving in the first second
-(`--requests`, default a million: issue 20's memory target, <= 2 GB; measured 623 s and 1,901 MB
-on the development VM). Target (issue 25, azure):
-<= 5 s and <= 500 MB for the whole process.
+(`--requests`, default a million: the memory target, <= 2 GB; measured 623 s and 1,901 MB on
+a 2-core x86 VM with 24 GB). Target for azure there: <= 5 s and <= 500 MB for the whole process.
 
 `peak_mb` is the largest process's peak resident set; `peak_pss_tree_mb` samples the sum over
 the command and its children (`TreeMemory`). The split comes from the CLI's own phase log
@@ -66,7 +65,7 @@ WORKLOADS = {
         "compare_with=null",
         "progress=false",
     ],
-    "overload": [  # issue 20's run: every request arrives in the first second (--requests)
+    "overload": [  # the memory target's run: every request arrives in the first second (--requests)
         "workload=poisson_chat",
         "workload.duration=1",
         "progress=false",
@@ -119,8 +118,8 @@ def main() -> None:
         "--requests",
         type=float,
         default=1e6,
-        help="overload: about this many requests (poisson_chat's rate_scale); target (issue 20) "
-        "at 1e6: the run finishes within 2 GB",
+        help="overload: about this many requests (poisson_chat's rate_scale); target at 1e6: "
+        "the run finishes within 2 GB",
     )
     ap.add_argument("--runs", type=int, default=1, help="run the command this many times")
     ap.add_argument(

@@ -4,7 +4,7 @@ The pool (80,000 tokens) lets the engine batch 100-140 requests; at 2.4 requests
 runs at its capacity, so a queue builds and the scheduler is consulted at nearly every finish.
 The per-token timeline is recorded and materialised (the token table is built, as a run folder
 would write it). The same run is repeated with fast-forward off, and the ratio reported. Target
-(issue 2): wall <= 10 s and peak memory <= 1 GB. Prints one JSON object last.
+on a 2-core x86 VM with 24 GB: wall <= 10 s and peak memory <= 1 GB. Prints one JSON object last.
 
 Fast-forward gains little here: a batch of ~140 requests averaging ~270 output tokens has a
 finish every ~2 decode steps, and every finish may change the schedule.

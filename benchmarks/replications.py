@@ -1,5 +1,5 @@
-"""Replications benchmark (issue 23 target: 20 replications of one VTC suite in <= 60 s on this
-2-core machine, in parallel).
+"""Replications benchmark (target: 20 replications of one VTC suite in <= 60 s on a 2-core x86 VM with 24 GB,
+in parallel).
 
 Runs, each as a user would, in a subprocess (whole process: start-up, every run folder, the
 statistics):

@@ -1,5 +1,5 @@
-"""Live-mode load benchmark (issue 21 target on this 2-core machine, load generator included:
-p99 lag <= 20 ms at >= 2,000 tokens/s).
+"""Live-mode load benchmark (target on a 2-core x86 VM with 24 GB, load generator included: p99 lag
+<= 20 ms at >= 2,000 tokens/s).
 
 Starts `fairsim-serve` (real time, S-LoRA engine with the default A10G / Llama-7B cost model and
 a 100,000-token pool, FCFS) and runs N streaming clients in this process (default 200), each

@@ -1,7 +1,7 @@
-"""The issue-8 sweep: 5 policies x 10 loads x 3 seeds of the VTC overload suite (150 jobs) with
+"""A policy sweep: 5 policies x 10 loads x 3 seeds of the VTC overload suite (150 jobs) with
 the joblib launcher, then `fairsim-aggregate` over it.
 
-Target (issue 8): the sweep completes in <= 180 s on this 2-core machine. Jobs run with
+Target: the sweep completes in <= 180 s on a 2-core x86 VM with 24 GB. Jobs run with
 `compare_with=null veeksha_metrics=false progress=false` (a sweep compares policies itself; the
 Veeksha files are per-run extras). `--baseline` also runs the seed-0 slice (50 jobs) with Hydra's
 sequential launcher in this process's session and reports the parallel speed-up on that slice.

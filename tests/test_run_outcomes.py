@@ -120,7 +120,7 @@ def test_an_input_error_marks_the_folder_failed_as_an_input_error(tmp_path):
 @pytest.mark.parametrize(("signum", "exit_status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_the_run_with_one_line_and_marks_the_folder(tmp_path, signum, exit_status):
     run = tmp_path / "run"
-    # about 6 s of simulation on this machine: long enough to be stopped in the middle
+    # about 6 s of simulation on a 2-core VM: long enough to be stopped in the middle
     args = ["workload.duration=3000", "progress=false", "compare_with=null", f"hydra.run.dir={run}"]
     proc = start(args, tmp_path)
     try:

@@ -38,6 +38,11 @@ def block_keys(hashes: np.ndarray, hash_block: int, block_size: int, tokens: int
 
 
 class BlockPool:
+    """One replica's paged KV memory: `num_blocks` blocks of `block_size` tokens, each either
+    private to a running request, cached (a full prompt block others may share, evicted LRU
+    when free blocks run out) or empty; with `caching` off, blocks are never kept for reuse.
+    `check()` proves the three kinds add up to the pool."""
+
     def __init__(self, num_blocks: int, block_size: int, caching: bool) -> None:
         self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
         self.empty = num_blocks  # blocks holding nothing

@@ -128,6 +128,11 @@ class DecodePlan(Plan):
 
 
 class SLoRAReplica:
+    """One S-LoRA router replica (the `StepModel` the runner hosts): an idle replica admits a
+    mini-batch and prefills it in a step of its own; the batch then decodes `max_wait_tokens`
+    steps before the policy is asked again, then before every step. Admission is S-LoRA's fit
+    test (`engines/fit.py`): peak future KV if every running request runs to its full length."""
+
     def __init__(
         self,
         index: int,

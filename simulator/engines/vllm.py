@@ -171,6 +171,12 @@ class DecodeRunPlan(Plan):
 
 
 class VLLMReplica:
+    """One vLLM-v1-style replica (the `StepModel` the runner hosts): each step serves the
+    running requests first, in order (a decode takes one token, a prompt the chunk the token
+    budget leaves), then admits waiting requests in the policy's order while their blocks fit;
+    a request whose next block cannot be allocated makes the policy name a victim, which is
+    preempted (recompute). Its paged memory and prefix cache are a `BlockPool`."""
+
     def __init__(
         self,
         index: int,
@@ -389,6 +395,9 @@ class VLLMReplica:
                 return i, budget, count
 
     def _admit(self, rows: list[int], new: list[int], budget: int) -> int:
+        """Admit waiting requests in the policy's order into this step (`rows`, with their
+        `new` tokens) while the running cap, the token `budget` and their KV blocks allow;
+        the budget left."""
         cfg, pool, state, policy, queue = self.cfg, self.pool, self.state, self.policy, self.queue
         running, now = self.running, self.now
         while len(queue) and budget > 0 and len(running) < cfg.max_num_seqs:
@@ -554,6 +563,9 @@ class VLLMReplica:
 
     # ---- applying a step -----------------------------------------------------------------
     def _apply_step(self, plan: StepPlan) -> None:
+        """The effects of one step at its end: arrivals up to then, prompt chunks computed
+        (full prompt blocks registered in the cache), a token for each request that sampled
+        one, the output charge, the step's record, and the requests that finished."""
         self.feed.ingest(plan.end)
         state, pool, prefilling, tokens = self.state, self.pool, self.prefilling, self.host.tokens
         prompt, out, computed, gen = self._prompt, self._output, self.req.computed, state.generated
