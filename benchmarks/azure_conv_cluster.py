@@ -2,9 +2,9 @@
 tokens) on 2 replicas of Llama-2-7B on A100-80GB, engine=vllm, round robin, per-token timeline on.
 
 Vidur needed about 70 s of wall time and 1.1 GB for the same requests without per-token output on
-a 2-core x86 VM with 24 GB. Target there: wall <= 3.5 s and peak <= 300 MB. Wall time covers loading the
-trace, simulating and building the per-token table; peak is the process's maximum resident set.
-The replicas are simulated in one forked process each, as `fairsim` does by default
+a 2-core x86 VM with 24 GB. Target there: wall <= 3.5 s and peak <= 300 MB. Wall time covers
+loading the trace, simulating and building the per-token table; peak is the process's maximum
+resident set. The replicas are simulated in one forked process each, as `fairsim` does by default
 (`cluster.processes=auto`; `--processes 1` keeps them in this process); `child_peak_mb` is the
 forked process's peak. `--one-process` also times the run in one process, with the ratio and
 whether the timeline is the same. The same run with fast-forward off is timed too

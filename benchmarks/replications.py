@@ -1,5 +1,5 @@
-"""Replications benchmark (target: 20 replications of one VTC suite in <= 60 s on a 2-core x86 VM with 24 GB,
-in parallel).
+"""Replications benchmark (target: 20 replications of one VTC suite in <= 60 s on a 2-core x86
+VM with 24 GB, in parallel).
 
 Runs, each as a user would, in a subprocess (whole process: start-up, every run folder, the
 statistics):
