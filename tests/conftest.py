@@ -15,6 +15,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from traces import Trace
+from traces.files import resolve_path
+from traces.schema import TraceError
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of the environment running the tests
@@ -29,6 +31,16 @@ def shared_file(relative: str) -> Path:
     if not path.exists():
         pytest.skip(f"shared data file {path} is absent (tests that read real data need ../shared)")
     return path
+
+
+def installed_data(path: str) -> Path:
+    """A trace path (`data:<dataset>/<file>` or a file) resolved as fairsim resolves it, or skip
+    the test, saying which data is missing: fairsim ships part of its data; the rest comes from
+    `fairsim-data get` or ../shared beside the checkout."""
+    try:
+        return resolve_path(path)
+    except TraceError as err:
+        pytest.skip(f"data not installed here: {err}")
 
 
 def a10g_cost():  # type: ignore[no-untyped-def]
