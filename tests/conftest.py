@@ -105,3 +105,10 @@ class Server:
         out, _ = self.proc.communicate(timeout=60)
         assert self.proc.returncode == 0, out
         return out
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An integration test is slow too: `pytest -m "not slow"` leaves out both."""
+    for item in items:
+        if item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

@@ -52,6 +52,7 @@ def test_andes_needs_the_vllm_engine():
         simulate(chat(8.0, 20.0), Andes(), a10g_cost(), SLoRAConfig(pool_tokens=20_000))
 
 
+@pytest.mark.slow
 def test_under_overload_andes_raises_average_qoe_over_fcfs_at_a_small_throughput_cost():
     """The paper's claim (up to 3.2x the average QoE of vLLM's FCFS under a high request rate,
     v1 abstract; 4.7x in v2): measured here at 8 requests/s on a 20,000-token pool, where FCFS

@@ -124,6 +124,7 @@ def test_a_worker_given_no_work_ends_without_waiting():
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.slow
 def test_a_run_writes_the_same_veeksha_files_with_its_child_and_without_fork(tmp_path, monkeypatch):
     """The run folder's metrics/ from the child (the default here) and from the run's own
     process (where fork is unavailable) are the same bytes, plots included."""

@@ -20,6 +20,8 @@ pytest.importorskip("openai")
 
 from conftest import BIN, ROOT, Server  # noqa: E402
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 # the server's cost model: conf/cost_model/a10g_llama7b.yaml with a per-request prefill term
 # large enough for a 60-request run to identify it (the A10G fit's 0.45 ms is not)
 KNOWN_COST = {

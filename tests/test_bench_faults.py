@@ -21,6 +21,8 @@ pytest.importorskip("openai")
 
 from test_bench import run  # noqa: E402
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 # what the fake target does with request k (X-Request-Id), and the record fairsim-bench keeps
 BEHAVIOUR = {
     0: ("http 500", "failed", 0, "http 500: boom"),

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 BENCH = [sys.executable, str(ROOT / "benchmarks" / "cli_end_to_end.py")]
 
 

@@ -58,6 +58,7 @@ def same_values(a: object, b: object, where: str) -> None:
         assert a == b, where
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_spilled_run_writes_the_files_and_figures_of_the_in_memory_run(case, tmp_path):
     overrides = [*CASES[case], "progress=false"]

@@ -53,6 +53,7 @@ def table(name: str) -> dict[str, dict]:
     return {r.label: measured(r) for r in ROWS if r.table == name}
 
 
+@pytest.mark.slow
 @needs_real
 @pytest.mark.parametrize(
     "row", [r for r in ROWS if r.table in ("2", "3")], ids=lambda r: f"T{r.table}-{r.label}"
@@ -88,6 +89,7 @@ def test_real_trace_orderings_match_the_paper():
 OVERLOAD_ROWS = [r for r in ROWS if r.table in ("4", "5", "6")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "row",
     [r for r in OVERLOAD_ROWS if (r.table, r.label) not in DEVIATIONS],
@@ -101,6 +103,7 @@ def test_overload_suite_rows_within_30_percent_of_the_paper(row):
         assert m["throughput_tokens_per_s"] == pytest.approx(row.throughput, rel=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "row",
     [r for r in OVERLOAD_ROWS if (r.table, r.label) in DEVIATIONS],

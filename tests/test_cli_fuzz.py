@@ -14,11 +14,14 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
 from simulator.api import compose_config
+
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
 
 CHOICES = {
     "engine": ["slora", "vllm"],

@@ -232,6 +232,7 @@ def test_global_vtc_on_slora_replicas_bounds_the_service_difference_and_fcfs_doe
     assert full > bound and full > 1.6 * half  # FCFS: past the bound and still growing
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 1000),

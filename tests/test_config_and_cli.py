@@ -8,9 +8,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, installed_data
-from simulator.api import compose_config, run_config
+from simulator.api import check_config, compose_config, run_config
 
-GROUPS = ("engine", "cost_model", "policy", "workload", "experiment")
+GROUPS = ("engine", "cost_model", "policy", "workload", "experiment", "qoe")
 
 
 def options(group):
@@ -18,7 +18,7 @@ def options(group):
 
 
 @pytest.mark.parametrize(("group", "name"), [(g, n) for g in GROUPS for n in options(g)])
-def test_every_config_composes_and_instantiates(group, name, tmp_path):
+def test_every_config_composes_passes_the_check_and_instantiates(group, name, tmp_path):
     overrides = [f"{group}={name}"]
     if (group, name) == ("cost_model", "table"):
         profile = tmp_path / "p.csv"
@@ -28,8 +28,6 @@ def test_every_config_composes_and_instantiates(group, name, tmp_path):
         )
         overrides.append(f"cost_model.path={profile}")
     cfg = compose_config(overrides)
-    for g in ("engine", "cost_model", "policy"):
-        assert instantiate(cfg[g], _convert_="all") is not None
     workload = cfg.workload
     if OmegaConf.is_missing(workload, "path"):
         if name == "mooncake":  # a file the user must give: write a small one
@@ -39,12 +37,16 @@ def test_every_config_composes_and_instantiates(group, name, tmp_path):
             sample = tmp_path / "t.csv"
             sample.write_text("arrival,prompt_len,output_len\n0,5,2\n1.5,6,3\n")
         workload.path = str(sample)
-    elif workload.get("path"):
+    check_config(cfg)  # the check by key passes every config fairsim ships
+    for g in ("engine", "cost_model", "policy"):
+        assert instantiate(cfg[g], _convert_="all") is not None
+    if workload.get("path"):
         installed_data(workload.path)  # skips, saying so, where the data is not installed
     trace = instantiate(workload, _convert_="all").build(0)
     assert len(trace) > 0
 
 
+@pytest.mark.slow
 def test_default_run_through_the_python_api(tmp_path):
     cfg = compose_config(["workload.duration=20"])
     timeline, out = run_config(cfg, tmp_path)
@@ -66,6 +68,7 @@ def fairsim(*args, cwd):
     )
 
 
+@pytest.mark.integration
 def test_cli_runs_and_prints_a_per_client_table(tmp_path):
     res = fairsim(
         "workload.duration=30", "progress=false", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path
@@ -84,6 +87,7 @@ def test_cli_runs_and_prints_a_per_client_table(tmp_path):
     assert len(rows) == 45 + 90
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("replicas", "dispatcher"), [(2, "global_vtc"), (4, "least_tokens")])
 def test_cli_runs_slora_replicas_behind_a_dispatcher(tmp_path, replicas, dispatcher):
     import pandas as pd
@@ -116,6 +120,7 @@ def test_cli_runs_slora_replicas_behind_a_dispatcher(tmp_path, replicas, dispatc
         assert "FCFS (central)" in res.stdout
 
 
+@pytest.mark.integration
 def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
     res = fairsim(
         "workload.duration=30",
@@ -135,6 +140,7 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
     assert not (tmp_path / "run" / "metrics").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "message"),
     [

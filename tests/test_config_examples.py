@@ -14,6 +14,8 @@ from test_readme_commands import readme_commands
 from command_lines import command_lines, run_case
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 EXAMPLE = re.compile(r"^\s{2,}fairsim")
 # prose that names a command with overrides outside an example line, e.g. "e.g. fairsim x=1"
 UNMARKED = re.compile(r"fairsim[\w-]* [^`]*\w=")

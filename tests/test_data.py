@@ -112,6 +112,7 @@ def fairsim_data(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*DATA_CLI, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.integration
 def test_get_installs_verified_files_and_packs_the_servegen_pool(mirror, tmp_path):
     url, _ = mirror
     cache = tmp_path / "cache"
@@ -134,6 +135,7 @@ def test_get_installs_verified_files_and_packs_the_servegen_pool(mirror, tmp_pat
     assert "not installed" not in listed["servegen"] and "not installed" in listed["mooncake"]
 
 
+@pytest.mark.integration
 def test_a_corrupt_download_is_not_kept_and_is_one_error_line(mirror, tmp_path):
     url, root = mirror
     remote = dataset("etalon_lengths").files[0]
@@ -148,6 +150,7 @@ def test_a_corrupt_download_is_not_kept_and_is_one_error_line(mirror, tmp_path):
     assert not list((cache / "fairsim" / "data").rglob("*.part"))
 
 
+@pytest.mark.integration
 def test_an_unreachable_mirror_and_an_unknown_dataset_are_one_error_line(tmp_path):
     with socket_closed() as port:
         res = fairsim_data(

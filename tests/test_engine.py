@@ -143,6 +143,7 @@ def test_scheduler_is_asked_every_step_after_the_wait():
     assert tl.admitted_at[1] == pytest.approx(0.26)
 
 
+@pytest.mark.slow
 def test_mdl_queue_mean_wait_matches_pollaczek_khinchine():
     """One request at a time, deterministic service S, Poisson arrivals: an M/D/1 queue.
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -161,6 +162,7 @@ workloads = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads, st.sampled_from([800, 3000]), st.booleans())
 def test_lemma_4_3_and_theorems_4_4_4_9_on_random_workloads(tr, pool, weighted):
@@ -288,6 +290,7 @@ def test_fcfs_difference_grows_linearly_vtc_stays_bounded():
     assert vtc.max() <= 2 * W_Q * 10_000 and vtc[-1] < 0.1 * fcfs[-1]
 
 
+@pytest.mark.slow
 def test_oracle_difference_stays_within_a_few_requests():
     largest_request = W_P * 256 + W_Q * 256
     d = overload_difference(VTC(prediction="oracle"))

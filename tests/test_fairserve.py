@@ -240,6 +240,7 @@ def test_agentic_sessions_become_chained_interactions():
         load_agentic_sessions(path, session_rate=0)
 
 
+@pytest.mark.slow
 def test_experiments_reproduce_the_papers_claims():
     """fairsim-fairserve-table's experiments. fairserve_overload (artifact-shaped, one heavy
     user): FairServe throttles at least 10x fewer interactions than RPM with the same user limit

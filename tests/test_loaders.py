@@ -240,6 +240,7 @@ def test_fuzzed_csv_files_raise_only_trace_errors(tmp_path, header, lines, junk)
             assert len(trace) >= 1 and np.all(np.diff(trace.arrival) > 0)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -320,6 +321,7 @@ def test_real_azure_and_vidur_files():
     assert np.allclose(vidur.arrival, conv.arrival, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_real_vtc_etalon_and_servegen_files():
     # row and client counts of the files as published (counted once with pandas and tarfile)
     vtc = load_vtc_real(shared_file("vtc/real_trace.csv"))
@@ -377,6 +379,7 @@ def test_trace_stats_detects_the_agentic_sessions_by_their_header(tmp_path, caps
     assert stats["output_len"]["max"] == 7 and stats["prompt_len"]["max"] == 120
 
 
+@pytest.mark.integration
 def test_trace_stats_bad_file_is_one_line_and_exit_2(tmp_path):
     p = write(tmp_path, "bad.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,x\n")
     run = subprocess.run(

@@ -93,6 +93,7 @@ def timeline_service(tl, client: int, times: np.ndarray) -> np.ndarray:
     return total[np.searchsorted(events[order], times, side="right")]
 
 
+@pytest.mark.slow
 def test_lpm_starves_a_client_without_shared_prefixes_beyond_dlpms_bound():
     """Constructed: shared0 keeps a queue of cache-hitting turns, unique0's prompts share
     nothing. Under LPM unique0's backlog sees shared0 served far beyond 2 (U + Q); DLPM on the
@@ -169,6 +170,7 @@ class CheckedDLPM(DLPM):
             self.owed_by.pop(event.req, None)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_mixes, st.integers(0, 1000), st.sampled_from([500.0, 10_000.0]))
 def test_dlpm_keeps_backlogged_clients_within_its_bound(mix, seed, quantum):
@@ -199,6 +201,7 @@ def test_dlpm_bound_on_the_case_hypothesis_found():
     assert max(swings) <= 2 * (policy.u_prime + 500.0)
 
 
+@pytest.mark.slow
 def test_dlpm_serves_more_than_vtc_on_the_prefix_heavy_mix():
     """The paper's headline (up to 2.87x VTC's throughput), on the built-in mix under overload
     with more clients' system prompts than the KV pool holds: VTC interleaves clients and
@@ -226,6 +229,7 @@ def test_dlpm_serves_more_than_vtc_on_the_prefix_heavy_mix():
             assert pair_swings(tl, dlpm, f, g)[0] <= bound
 
 
+@pytest.mark.slow
 def test_the_policy_table_puts_the_locality_policies_beside_vtc_with_the_papers_figure(
     capsys, tmp_path
 ):
@@ -278,6 +282,7 @@ def test_d2lpm_needs_the_vllm_engine():
                  ClusterConfig(2, "d2lpm"))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_d2lpm_with_dlpm_lowers_per_client_latency_below_round_robin_with_vtc():
     """The paper's distributed claim (per-client latency up to 7.18x lower than a distributed
     baseline), on two replicas serving the prefix-heavy mix: the mean over clients of each

@@ -13,6 +13,8 @@ nbformat = pytest.importorskip("nbformat")
 
 from simulator.apps.sweeps.notebook_run import execute  # noqa: E402
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("*.py"))
 

@@ -168,6 +168,7 @@ policies = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads, policies, st.sampled_from([2000, 10_000]))
 def test_fast_forward_is_bit_identical_with_stateful_policies(tr, make, pool):

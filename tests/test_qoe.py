@@ -232,6 +232,7 @@ def test_fluidity_falls_as_load_rises():
     assert means[0] > means[-1] + 0.2
 
 
+@pytest.mark.slow
 def test_veeksha_files_and_health_checks(tmp_path):
     trace = SyntheticWorkload(
         clients=[ClientSpec("c", Poisson(1.0), Fixed(16), Fixed(20))], duration=120.0
@@ -274,6 +275,7 @@ def write_metrics_as_a_run_does(folder, timeline, slos, rate) -> dict:
     return outputs.summary["slo_results"]
 
 
+@pytest.mark.slow
 def test_distribution_statistics_leave_out_nan_and_leave_the_values_untouched(tmp_path):
     """Each distribution's CSV holds numpy's statistics of its non-NaN values, whether or not
     there are NaN among them, and the arrays given are not changed (the plots' child reads

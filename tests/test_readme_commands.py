@@ -11,6 +11,8 @@ import pytest
 from command_lines import command_lines, run_case
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 
 def readme_blocks() -> list[list[str]]:
     """The `fairsim*` command lines of each of the README's bash blocks; from the quick start,

@@ -54,6 +54,7 @@ def replicate(tmp_path, name, *overrides):
     return run, json.loads((run / "replications.json").read_text())
 
 
+@pytest.mark.integration
 def test_replications_write_their_folders_and_statistics_and_parallel_changes_nothing(tmp_path):
     run, noisy = replicate(tmp_path, "noisy", "engine.step_jitter_cv=0.2", "replication_jobs=2")
     _, serial = replicate(tmp_path, "serial", "engine.step_jitter_cv=0.2", "replication_jobs=1")
@@ -66,6 +67,7 @@ def test_replications_write_their_folders_and_statistics_and_parallel_changes_no
         assert back.summary["throughput_tokens_per_s"] == thr["values"][i]
 
 
+@pytest.mark.integration
 def test_a_deterministic_engine_gives_identical_replications(tmp_path):
     _, exact = replicate(tmp_path, "exact", "replication_jobs=1")
     assert exact["step_jitter_cv"] == 0.0
@@ -84,6 +86,7 @@ def test_an_interval_cell_says_whether_the_papers_value_lies_within_p5_p95():
     assert interval_cell(values, None).split()[-1] == f"{p95:.1f}]"
 
 
+@pytest.mark.slow
 def test_vtc_tables_print_intervals_beside_the_paper(capsys):
     from simulator.apps.papers.vtc_tables import ROWS, main
 

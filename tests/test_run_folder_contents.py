@@ -51,6 +51,7 @@ def folder_contents(folder: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", RUNS)
 def test_a_small_run_writes_the_pinned_files_and_content(name, tmp_path):
     run = REFERENCE[name]

@@ -27,6 +27,8 @@ from simulator.report.run_folder import (
     write_run,
 )
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 CLI = "from simulator.apps.run.cli import main; main()"
 # a bug planted in a metric: the run folder's summary raises ZeroDivisionError
 BUGGY_CLI = (

@@ -26,6 +26,8 @@ from simulator.api import compose_config  # noqa: E402
 from simulator.engines import simulate  # noqa: E402
 from traces.schema import Trace  # noqa: E402
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 
 @pytest.fixture
 def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Server]:

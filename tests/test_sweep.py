@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 FAIRSIM = [sys.executable, "-c", "from simulator.apps.run.cli import main; main()"]
 SMALL = ["workload.duration=8", "progress=false"]  # progress is left out of folder names
 

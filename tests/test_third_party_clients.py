@@ -20,6 +20,8 @@ import pytest
 
 from conftest import Server
 
+pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
+
 TOKENIZER = """
 import sys
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers

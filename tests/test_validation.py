@@ -44,6 +44,7 @@ def _number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+@pytest.mark.slow
 def test_the_report_states_every_figure_with_the_verdict_its_numbers_give(tmp_path, capsys):
     out = tmp_path / "validation.md"
     argv = ["--replications", "2", "--table", "5", "--section", "vtc-tables"]

@@ -73,6 +73,7 @@ engines = st.builds(
 policies = st.sampled_from([FCFS, VTC, lambda: VTC(victim="max_counter"), LCF])
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads, engines, policies)
 def test_fast_forward_gives_the_timeline_of_stepping(tr, cfg, make_policy):
@@ -428,6 +429,7 @@ def test_prefix_hit_rate_counts_each_prompt_once_within_the_unlimited_cache_boun
     assert summary["recompute_avoided_tokens"] == cols["recompute_avoided_tokens"].sum()
 
 
+@pytest.mark.slow
 def test_prefix_hit_rate_on_the_agentic_sessions_stays_within_the_unlimited_cache_bound():
     path = shared_file("agentic/claude_code_sessions_flat.csv")
     tr = load_agentic_sessions(path, sessions=4, block_hashes=True, mode="open_loop")
