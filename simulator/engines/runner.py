@@ -84,6 +84,7 @@ class Runner:
         cost: StepCostModel,
         engine: EngineConfig,
         cluster: ClusterConfig | None = None,
+        *,
         progress: Progress | None = None,
         spill: SpillPlan | None = None,
     ) -> None:
@@ -112,7 +113,8 @@ class Runner:
         self.queues = queues * n if shared else queues
         per_replica = self.policies * n if shared else self.policies
         fast = engine.fast_forward and not self.coupled
-        self.replicas = engine.build(self, per_replica, self.queues, cost, fast)
+        pairs = list(zip(per_replica, self.queues, strict=True))
+        self.replicas = engine.build(self, pairs, cost, fast)
         self.spill = spill
         if spill is not None:
             spill.folder.mkdir(parents=True, exist_ok=True)

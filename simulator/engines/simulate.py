@@ -27,6 +27,6 @@ def simulate(
     steps carry their replica). With `spill`, step records go to disk as the run goes. Replicas
     that run alone may be simulated in forked processes at once (`cluster.processes`)."""
     engine = SLoRAConfig() if engine is None else engine
-    runner = Runner(trace, policy, cost_model, engine, cluster, progress, spill=spill)
+    runner = Runner(trace, policy, cost_model, engine, cluster, progress=progress, spill=spill)
     groups = process_groups(runner)
     return run_in_processes(runner, groups) if len(groups) > 1 else runner.close()

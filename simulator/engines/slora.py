@@ -33,7 +33,7 @@ import numpy as np
 from cost_models.base import StepCostModel
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens, check_hooks
+from simulator.core.seam import ADMIT, OutputTokens, Policy, PromptTokens
 from simulator.core.timeline import DECODE, PREFILL, StepRecorder
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.fit import BatchFit, RunningFit
@@ -41,6 +41,7 @@ from simulator.engines.jitter import step_jitter
 from simulator.engines.step_model import (
     EngineKnobs,
     Host,
+    Pairs,
     Plan,
     StepModel,
     check_integers,
@@ -96,20 +97,8 @@ class SLoRAConfig(EngineKnobs):
             horizon=None,
         )
 
-    def build(
-        self,
-        host: Host,
-        policies: list[Policy],
-        queues: list[WaitingQueue],
-        cost: StepCostModel,
-        fast_forward: bool,
-    ) -> list[StepModel]:
-        for policy in policies:
-            check_hooks(policy, self.name, offered=())
-        return [
-            SLoRAReplica(i, host, policy, queue, cost, self, fast_forward)
-            for i, (policy, queue) in enumerate(zip(policies, queues, strict=True))
-        ]
+    def replicas(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
+        return [SLoRAReplica(i, host, p, q, cost, self, ff) for i, (p, q) in enumerate(pairs)]
 
     def info(self) -> dict[str, object]:
         return {}

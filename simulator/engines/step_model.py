@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from cost_models.base import StepCostModel
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import RequestState
-from simulator.core.seam import ADMIT, Drop, Policy
+from simulator.core.seam import ADMIT, Drop, Policy, check_hooks
 from simulator.core.timeline import StepRecorder, TokenRuns
 from simulator.engines.arrivals import Arrivals
 from simulator.engines.jitter import StepJitter
@@ -69,9 +69,27 @@ class EngineKnobs:
     step_jitter_cv: float = 0.0  # multiplicative noise per step (simulator/engines/jitter.py)
     step_jitter_seed: int = 0
 
+    name: ClassVar[str]
+    offered_hooks: ClassVar[tuple[type, ...]] = ()  # the optional policy hooks it honours
+
     def __post_init__(self) -> None:
         check_horizon(self.horizon)
         check_jitter(self.step_jitter_cv, self.step_jitter_seed)
+
+    def build(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
+        """One replica per (policy, queue) of `pairs`, once every policy is known to need no
+        hook this engine does not offer; `ff`: fast-forward on."""
+        for policy, _ in pairs:
+            check_hooks(policy, self.name, self.offered_hooks)
+        return self.replicas(host, pairs, cost, ff)
+
+    def replicas(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
+        """The replicas, replica i serving `pairs[i]` (its policy and its queue); `ff`:
+        fast-forward on."""
+        raise NotImplementedError
+
+
+Pairs = list[tuple[Policy, WaitingQueue]]  # each replica's policy and waiting queue
 
 
 def decode_step_ends(
@@ -239,15 +257,9 @@ class EngineConfig(Protocol):
         token always runs, without a horizon (to profile the engine's prefill times)."""
         ...
 
-    def build(
-        self,
-        host: Host,
-        policies: list[Policy],
-        queues: list[WaitingQueue],
-        cost: StepCostModel,
-        fast_forward: bool,
-    ) -> list[StepModel]:
-        """One replica per policy / queue (several replicas may share one of each)."""
+    def build(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
+        """One replica per (policy, queue) of `pairs` (several replicas may share one of each);
+        it refuses a policy that needs a hook it does not offer."""
         ...
 
     def info(self) -> dict[str, object]:

@@ -39,7 +39,6 @@ from simulator.core.seam import (
     PromptTokens,
     ReplicaAware,
     Rescheduler,
-    check_hooks,
 )
 from simulator.core.timeline import DECODE, MIXED, PREFILL, StepRecorder
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
@@ -48,6 +47,7 @@ from simulator.engines.kv_blocks import BlockPool, block_keys
 from simulator.engines.step_model import (
     EngineKnobs,
     Host,
+    Pairs,
     Plan,
     StepModel,
     check_integers,
@@ -77,6 +77,7 @@ class VLLMConfig(EngineKnobs):
     charge_recompute: bool = False
 
     name = "vllm"
+    offered_hooks = (ReplicaAware, Rescheduler)
 
     def __post_init__(self) -> None:
         check_integers(self, 1, "block_size", "max_num_batched_tokens", "max_num_seqs")
@@ -117,20 +118,10 @@ class VLLMConfig(EngineKnobs):
         blocks = max(self.num_blocks(cost), -(-(prompt_tokens + 1) // self.block_size))
         return dataclasses.replace(self, pool_tokens=blocks * self.block_size, horizon=None)
 
-    def build(
-        self,
-        host: Host,
-        policies: list[Policy],
-        queues: list[WaitingQueue],
-        cost: StepCostModel,
-        fast_forward: bool,
-    ) -> list[StepModel]:
-        for policy in policies:
-            check_hooks(policy, self.name, offered=(ReplicaAware, Rescheduler))
-        shared = VLLMRequests(len(host.trace))
+    def replicas(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
+        shared = VLLMRequests(len(host.trace))  # per-request engine state all replicas fill
         return [
-            VLLMReplica(i, host, shared, policy, queue, cost, self, fast_forward)
-            for i, (policy, queue) in enumerate(zip(policies, queues, strict=True))
+            VLLMReplica(i, host, shared, p, q, cost, self, ff) for i, (p, q) in enumerate(pairs)
         ]
 
     def info(self) -> dict[str, object]:

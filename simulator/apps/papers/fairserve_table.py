@@ -20,6 +20,7 @@ from simulator.api.run import compose_config, simulate_config
 from simulator.apps.common.command import run_command
 from simulator.apps.sweeps.replications import (
     PAPER_SUITE_JITTER_CV,
+    add_replications_option,
     interval_cell,
     paper_replication,
 )
@@ -92,12 +93,7 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides for every row, e.g. workload.rate_scale=2"
     )
-    parser.add_argument(
-        "--replications",
-        type=int,
-        default=1,
-        help="N > 1: N runs per row with step-time jitter; prints median [p5, p95]",
-    )
+    add_replications_option(parser)
     args = parser.parse_args(argv)
     cells = [(e, p) for e in args.experiment or EXPERIMENTS for p in args.policy or POLICIES]
     if args.replications > 1:

@@ -19,6 +19,7 @@ from simulator.api.run import compose_config, simulate_config
 from simulator.apps.common.command import run_command
 from simulator.apps.sweeps.replications import (
     PAPER_SUITE_JITTER_CV,
+    add_replications_option,
     interval_cell,
     paper_replication,
 )
@@ -166,12 +167,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="append", help="only these tables (2, 3, 4, 5, 6)")
-    parser.add_argument(
-        "--replications",
-        type=int,
-        default=1,
-        help="N > 1: N runs per row with step-time jitter; prints median [p5, p95]",
-    )
+    add_replications_option(parser)
     args = parser.parse_args(argv)
     rows = [row for row in ROWS if not args.table or row.table in args.table]
     if args.replications > 1:

@@ -14,6 +14,7 @@ replication is the same whatever ran beside it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import multiprocessing
@@ -91,6 +92,16 @@ def paper_replication(cfg: DictConfig, i: int) -> DictConfig:
     rep = vary_streams(cfg, i)
     rep.engine.step_jitter_cv = PAPER_SUITE_JITTER_CV
     return rep
+
+
+def add_replications_option(parser: argparse.ArgumentParser) -> None:
+    """The papers' tables' `--replications N`."""
+    parser.add_argument(
+        "--replications",
+        type=int,
+        default=1,
+        help="N > 1: N runs per row with step-time jitter; prints median [p5, p95]",
+    )
 
 
 def _run_one(cfg: DictConfig, folder: str) -> dict[str, Any]:
