@@ -1,6 +1,7 @@
 """How long a GPU step takes: the `StepCostModel` seam and its implementations."""
 
 from cost_models.base import CostModelError, StepCostModel
+from cost_models.fitted import FittedCost
 from cost_models.hardware import GPUS, MODELS, GPUSpec, ModelSpec
 from cost_models.linear import ConstantStepCost, LinearStepCost
 from cost_models.roofline import RooflineCost
@@ -12,6 +13,7 @@ __all__ = [
     "MODELS",
     "ConstantStepCost",
     "CostModelError",
+    "FittedCost",
     "GPUSpec",
     "LinearStepCost",
     "ModelSpec",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -50,3 +51,17 @@ def mixed_step_time(
             getattr(cost, "step_overhead", 0.0)
         )
     return float(t)
+
+
+def step_shape(
+    chunks: Sequence[tuple[int, int]], decode_batch: int, decode_context: int
+) -> tuple[int, float, float]:
+    """A mixed step's (tokens, (query, key) pairs, KV tokens read) from its prefill `chunks` of
+    (new tokens, tokens already cached) and `decode_batch` decodes attending to
+    `decode_context` tokens: a chunk of c after k cached forms c k + c (c + 1) / 2 pairs."""
+    tokens, pairs, kv_read = decode_batch, float(decode_context), float(decode_context)
+    for c, k in chunks:
+        tokens += c
+        pairs += c * k + c * (c + 1) / 2
+        kv_read += k
+    return tokens, pairs, kv_read

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from cost_models.base import CostModelError
 
 GIB = 1024**3
@@ -16,6 +18,14 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A decoder-only transformer's shape: what a step reads and computes.
+
+    Dense models have `experts` 0. A mixture-of-experts model has `experts` expert MLPs of
+    `expert_intermediate` width in every `moe_layer_step`-th layer (the others keep a dense MLP
+    of `intermediate` width), `experts_per_token` of them active per token, plus
+    `shared_experts` always active. `dtype_bytes` is the weights' storage (2: fp16/bf16, 1:
+    fp8); `kv_dtype_bytes` the KV cache's (vLLM's `kv_cache_dtype=auto` keeps it 16-bit)."""
+
     name: str
     layers: int
     hidden: int
@@ -25,6 +35,14 @@ class ModelSpec:
     vocab: int
     dtype_bytes: int = 2  # bf16 / fp16
     gated_mlp: bool = True  # SwiGLU: up, gate and down projections
+    head_dim_override: int | None = None  # when heads x head_dim != hidden (Qwen3, Gemma)
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int | None = None  # None: intermediate
+    shared_experts: int = 0
+    moe_layer_step: int = 1  # every n-th layer is a MoE layer (Llama 4: 2 for Maverick)
+    tied_embeddings: bool = False  # the output head is the input embedding
+    kv_dtype_bytes: int = 2
 
     def __post_init__(self) -> None:
         for key in (
@@ -35,33 +53,93 @@ class ModelSpec:
             "intermediate",
             "vocab",
             "dtype_bytes",
+            "kv_dtype_bytes",
+            "moe_layer_step",
         ):
             v = getattr(self, key)
             if int(v) != v or v < 1:
                 raise CostModelError(
                     f"model {self.name!r}: {key} must be an integer >= 1, got {v!r}"
                 )
-        if self.hidden % self.heads or self.heads % self.kv_heads:
+        if self.head_dim_override is None and self.hidden % self.heads:
             raise CostModelError(
-                f"model {self.name!r}: heads must divide hidden, kv_heads divide heads"
+                f"model {self.name!r}: heads must divide hidden (or give head_dim)"
+            )
+        if self.heads % self.kv_heads:
+            raise CostModelError(f"model {self.name!r}: kv_heads must divide heads")
+        if self.experts and not 1 <= self.experts_per_token <= self.experts:
+            raise CostModelError(
+                f"model {self.name!r}: experts_per_token must be in 1..experts ({self.experts})"
             )
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_override or self.hidden // self.heads
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's attention projections: Q and O (heads x head_dim) and K, V (kv_heads)."""
+        q = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        return self.hidden * (q + 2 * kv) + q * self.hidden
+
+    def _mlp_params(self, width: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden * width
+
+    @property
+    def expert_params(self) -> int:
+        """One expert MLP's weights."""
+        return self._mlp_params(self.expert_intermediate or self.intermediate)
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers // self.moe_layer_step if self.experts else 0
 
     @property
     def layer_params(self) -> int:
-        """Weights of one decoder layer's matrix products (attention and MLP)."""
-        kv = self.kv_heads * self.head_dim
-        attention = self.hidden * (self.hidden + 2 * kv) + self.hidden * self.hidden
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
-        return attention + mlp
+        """The matrix-product weights one token goes through in a layer, on average over the
+        layers (attention and MLP; for MoE the active experts, the shared ones and the
+        router). For a dense model: every weight of a layer."""
+        if not self.experts:
+            return self.attention_params + self._mlp_params(self.intermediate)
+        active = (self.experts_per_token + self.shared_experts) * self.expert_params
+        moe = self.attention_params + active + self.hidden * self.experts
+        dense = self.attention_params + self._mlp_params(self.intermediate)
+        return (self.moe_layers * moe + (self.layers - self.moe_layers) * dense) // self.layers
+
+    @property
+    def stored_layer_params(self) -> int:
+        """Every weight of the decoder layers, summed over the layers."""
+        if not self.experts:
+            return self.layers * self.layer_params
+        experts = (self.experts + self.shared_experts) * self.expert_params
+        moe = self.attention_params + experts + self.hidden * self.experts
+        dense = self.attention_params + self._mlp_params(self.intermediate)
+        return self.moe_layers * moe + (self.layers - self.moe_layers) * dense
+
+    def layer_bytes_read(self, tokens: float | np.ndarray) -> np.ndarray:
+        """Weight bytes a step of `tokens` tokens reads over all layers: every dense weight,
+        and of each MoE layer's experts those some token routes to, in expectation under
+        uniform routing (E (1 - (1 - k/E)^T) of E experts)."""
+        t = np.asarray(tokens, dtype=np.float64)
+        if not self.experts:
+            return np.full_like(t, float(self.layers * self.layer_params * self.dtype_bytes))
+        e, k = self.experts, self.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** np.maximum(t, 1.0))
+        moe = (
+            self.attention_params
+            + (touched + self.shared_experts) * self.expert_params
+            + self.hidden * e
+        )
+        dense = self.attention_params + self._mlp_params(self.intermediate)
+        params = self.moe_layers * moe + (self.layers - self.moe_layers) * dense
+        return params * float(self.dtype_bytes)
 
     @property
     def params(self) -> int:
         """All weights: the layers plus input embedding and output head."""
-        return self.layers * self.layer_params + 2 * self.vocab * self.hidden
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.stored_layer_params + self.vocab * self.hidden + head
 
     @property
     def weight_bytes(self) -> int:
@@ -70,7 +148,7 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one token over every layer."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -80,13 +158,26 @@ class GPUSpec:
     hbm_bandwidth: float  # bytes/s
     peak_flops: float  # dense bf16 FLOP/s
     link_bandwidth: float = 0.0  # bytes/s per GPU for tensor-parallel all-reduce (0: none)
+    fp8_flops: float = 0.0  # dense fp8 FLOP/s (0: no fp8 tensor cores; fp8 weights run at bf16)
 
     def __post_init__(self) -> None:
         for key in ("memory_bytes", "hbm_bandwidth", "peak_flops"):
             if not getattr(self, key) > 0:
                 raise CostModelError(f"gpu {self.name!r}: {key} must be > 0")
 
+    def flops_for(self, dtype_bytes: int) -> float:
+        """Dense tensor FLOP/s for weights of this width (fp8 where the GPU has fp8 units)."""
+        return self.fp8_flops if dtype_bytes == 1 and self.fp8_flops > 0 else self.peak_flops
 
+
+def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, width: int, vocab: int,
+         experts: int, k: int, **kw: object) -> ModelSpec:  # fmt: skip
+    return ModelSpec(name, layers, hidden, heads, kv, width, vocab, experts=experts,
+                     experts_per_token=k, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+# Published architectures (each model's Hugging Face config.json); any other model: a
+# config.json path (cost_models/hf_config.py)
 MODELS = {
     m.name: m
     for m in (
@@ -94,15 +185,47 @@ MODELS = {
         ModelSpec("llama-2-13b", 40, 5120, 40, 40, 13824, 32000),
         ModelSpec("llama-2-70b", 80, 8192, 64, 8, 28672, 32000),
         ModelSpec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256),
+        ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256),
+        ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256),
+        ModelSpec("codellama-34b", 48, 8192, 64, 8, 22016, 32000),
+        ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32768),
+        ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064),
+        ModelSpec("qwen3-14b", 40, 5120, 40, 8, 17408, 151936, head_dim_override=128),
+        _moe("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 8, 2),
+        _moe("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 8, 2),
+        _moe(
+            "qwen3-30b-a3b",
+            48,
+            2048,
+            32,
+            4,
+            6144,
+            151936,
+            128,
+            8,
+            head_dim_override=128,
+            expert_intermediate=768,
+        ),  # fmt: skip
     )
 }
 
+# Dense tensor throughput and memory bandwidth from the vendors' datasheets (NVIDIA H100 SXM,
+# A100 80GB SXM, L40S, the Ada architecture whitepaper for the RTX 4090, RTX PRO 6000
+# Blackwell); memory as CUDA reports it where that differs from the label (the 4090's 24 GB:
+# 25.25e9 bytes; L40S 46,068 MiB; RTX PRO 6000 97,887 MiB). Links: NVLink per direction, or
+# PCIe (Gen4 x16 32 GB/s, Gen5 64 GB/s) for cards without NVLink. The RTX 4090's bf16 rate is
+# with fp32 accumulation (165 TFLOP/s; 330 with fp16 accumulation, which vLLM does not use).
 GPUS = {
     g.name: g
     for g in (
         GPUSpec("a10g", 24 * GIB, 600e9, 125e12),
         GPUSpec("a100-80gb", 80 * GIB, 2.0e12, 312e12, link_bandwidth=300e9),
-        GPUSpec("h100", 80 * GIB, 3.35e12, 989e12, link_bandwidth=450e9),
+        GPUSpec("h100", 80 * GIB, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12),
+        GPUSpec("l40s", 46068 * 2**20, 864e9, 362e12, link_bandwidth=32e9, fp8_flops=733e12),
+        GPUSpec("rtx-4090", 25.25e9, 1008e9, 165e12, link_bandwidth=32e9, fp8_flops=330e12),
+        GPUSpec(
+            "rtx-pro-6000", 97887 * 2**20, 1792e9, 504e12, link_bandwidth=64e9, fp8_flops=1008e12
+        ),
     )
 }
 

@@ -11,6 +11,10 @@ the longer of its compute time (FLOPs / (peak * compute_efficiency)) and its mem
 - tensor parallelism (tp GPUs): compute and bytes split tp ways, plus two all-reduces of
   T * hidden values per layer (ring: 2 (tp - 1) / tp of the data over the link, plus latency);
 - `step_overhead`: the serving loop's own time per step.
+`model` is a preset name (cost_models/hardware.py) or a Hugging Face config.json (a file or its
+folder); `dtype` (fp16, bf16, fp8) overrides the weights' dtype; fp8 weights read half the bytes
+and run at the GPU's fp8 rate where it has one. A mixture-of-experts step reads the experts its
+tokens route to (in expectation under uniform routing) and computes with the active ones.
 A prefill chunk of c new tokens after k cached ones forms c * k + c (c + 1) / 2 pairs; a decode
 token with context L forms L pairs.
 """
@@ -18,12 +22,13 @@ token with context L forms L pairs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cost_models.base import CostModelError
-from cost_models.hardware import GPUSpec, ModelSpec, gpu_spec, model_spec
+from cost_models.base import CostModelError, step_shape
+from cost_models.hardware import GIB, GPUSpec, ModelSpec, gpu_spec, model_spec
+from cost_models.hf_config import dtype_bytes, model_from_path
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,10 @@ class RooflineCost:
     memory_efficiency: float = 0.8
     step_overhead: float = 0.002
     allreduce_latency: float = 10e-6  # seconds per all-reduce
+    dtype: str | None = None  # the weights' dtype (fp16, bf16, fp8); None: the model's own
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "model", model_spec(self.model))
+        object.__setattr__(self, "model", resolve_model(self.model, self.dtype))
         object.__setattr__(self, "gpu", gpu_spec(self.gpu))
         if int(self.tp) != self.tp or self.tp < 1:
             raise CostModelError(f"cost_model.tp must be an integer >= 1, got {self.tp!r}")
@@ -51,7 +57,10 @@ class RooflineCost:
             raise CostModelError(f"gpu {self.gpu_spec.name!r} has no link bandwidth for tp > 1")
         m, g = self.model_spec, self.gpu_spec
         rates = (
-            4.0 * m.hidden * m.layers / (self.tp * g.peak_flops * self.compute_efficiency),
+            4.0
+            * m.hidden
+            * m.layers
+            / (self.tp * g.flops_for(m.dtype_bytes) * self.compute_efficiency),
             m.kv_bytes_per_token / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
         )
         object.__setattr__(self, "_rates", rates)
@@ -67,8 +76,9 @@ class RooflineCost:
 
     # ---- building blocks ----------------------------------------------------------------
     def _roof(self, flops: float | np.ndarray, nbytes: float | np.ndarray) -> np.ndarray:
-        g = self.gpu_spec
-        compute = np.asarray(flops) / (self.tp * g.peak_flops * self.compute_efficiency)
+        g, m = self.gpu_spec, self.model_spec
+        peak = g.flops_for(m.dtype_bytes)
+        compute = np.asarray(flops) / (self.tp * peak * self.compute_efficiency)
         memory = np.asarray(nbytes) / (self.tp * g.hbm_bandwidth * self.memory_efficiency)
         return np.maximum(compute, memory)
 
@@ -76,7 +86,7 @@ class RooflineCost:
         """The decoder layers' matrix products over `tokens` tokens."""
         m = self.model_spec
         flops = 2.0 * m.layer_params * m.layers * np.asarray(tokens, dtype=np.float64)
-        return self._roof(flops, float(m.layers * m.layer_params * m.dtype_bytes))
+        return self._roof(flops, m.layer_bytes_read(tokens))
 
     def attention_time(
         self, pairs: float | np.ndarray, kv_read: float | np.ndarray, kv_written: float | np.ndarray
@@ -97,7 +107,7 @@ class RooflineCost:
         if self.tp == 1:
             return np.zeros_like(np.asarray(tokens, dtype=np.float64))
         m, g = self.model_spec, self.gpu_spec
-        data = np.asarray(tokens, dtype=np.float64) * m.hidden * m.dtype_bytes
+        data = np.asarray(tokens, dtype=np.float64) * m.hidden * 2  # activations stay 16-bit
         ring = 2.0 * (self.tp - 1) / self.tp * data / g.link_bandwidth
         return 2 * m.layers * (self.allreduce_latency + ring)
 
@@ -137,11 +147,7 @@ class RooflineCost:
         `decode_batch` decoding requests attending to `decode_context` tokens in total. Every
         chunk samples a token (a chunk that ends mid-prompt costs one head row too: an upper
         bound)."""
-        tokens, pairs, kv_read = decode_batch, float(decode_context), float(decode_context)
-        for c, k in chunks:
-            tokens += c
-            pairs += c * k + c * (c + 1) / 2
-            kv_read += k
+        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context)
         per_pair, per_token = self._attention_rates()
         attention = max(per_pair * pairs, per_token * (kv_read + tokens))
         return (
@@ -167,15 +173,23 @@ class RooflineCost:
         return fixed + attention + self.step_overhead
 
     def kv_capacity_tokens(
-        self, memory_utilization: float = 0.9, activation_reserve: float = 2.0 * 1024**3
+        self,
+        memory_utilization: float = 0.9,
+        activation_reserve: float = 2.0 * 1024**3,
+        batched_tokens: int | None = None,
+        max_num_seqs: int = 256,
     ) -> int:
         """KV tokens that fit: the memory share an engine may use, less the weights and an
-        activation reserve (per GPU), divided by one token's KV bytes (per GPU)."""
+        activation reserve (per GPU), divided by one token's KV bytes (per GPU). Given the
+        engine's `batched_tokens` (max_num_batched_tokens), the reserve is vLLM's
+        (`vllm_reserve`) instead of the fixed `activation_reserve`."""
         if not (0 < memory_utilization <= 1):
             raise CostModelError(
                 f"memory_utilization must be in (0, 1], got {memory_utilization!r}"
             )
         m, g = self.model_spec, self.gpu_spec
+        if batched_tokens is not None:
+            activation_reserve = vllm_reserve(m, self.tp, batched_tokens, max_num_seqs)
         free = g.memory_bytes * memory_utilization - m.weight_bytes / self.tp - activation_reserve
         if free <= 0:
             raise CostModelError(
@@ -183,3 +197,29 @@ class RooflineCost:
                 f"{self.tp} x {g.name} with memory_utilization={memory_utilization}"
             )
         return int(free // (m.kv_bytes_per_token / self.tp))
+
+
+# vLLM's memory beside weights and KV, per GPU (`vllm_reserve`): the CUDA context, cuBLAS and NCCL
+# workspaces and the CUDA-graph pool (a fixed part), the activations of its profiling forward
+# pass over max_num_batched_tokens tokens (the MLP's widest tensors and a few hidden-state
+# buffers), and the sampler's fp32 logits and probabilities for max_num_seqs requests.
+RESERVE_FIXED = 0.75 * GIB
+
+
+def vllm_reserve(m: ModelSpec, tp: int, batched_tokens: int, max_num_seqs: int) -> float:
+    """Bytes per GPU vLLM keeps for everything but weights and KV (docs/sim2real.md)."""
+    width = (m.expert_intermediate or m.intermediate) if m.experts else m.intermediate
+    activations = batched_tokens * (4 * m.hidden + 2 * width) * 2 / tp
+    sampler = max_num_seqs * m.vocab * 8
+    return RESERVE_FIXED + activations + sampler
+
+
+def resolve_model(model: str | ModelSpec, dtype: str | None) -> ModelSpec:
+    """A preset name, a ModelSpec, or a config.json path (a file or its folder), with `dtype`
+    applied."""
+    if isinstance(model, str) and (model.endswith(".json") or "/" in model):
+        return model_from_path(model, dtype)
+    spec = model_spec(model)
+    if dtype is not None:
+        spec = replace(spec, dtype_bytes=dtype_bytes(dtype))
+    return spec

@@ -70,7 +70,7 @@ class PrefixAware:
         order (then the rest, in arrival order)."""
         if self.cache is None:
             raise ConfigError(
-                f"policy {self.name} needs a prefix cache: engine=vllm (prefix_caching: true)"
+                f"policy {self.name} needs a prefix cache: engine=vllm (enable_prefix_caching)"
             )
         cached = self.cache.cached_tokens
         oldest = queue.in_order(WINDOW)

@@ -31,6 +31,19 @@ SWEEP_OVERRIDES = [
 ]
 NEEDS_DATA = ("etalon_", "servegen", "agentic")  # not shipped: fetched data
 PLACEHOLDERS = ("HOST:6379",)
+MIXTRAL_CONFIG = {  # the fields fairsim reads of Mixtral-8x7B-v0.1's published config.json
+    "architectures": ["MixtralForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
 
 
 def command_lines(text: str) -> list[str]:
@@ -70,11 +83,21 @@ def run_case(lines: list[str], tmp_path: Path) -> list[list[str]]:
 
 def write_example_inputs(work: Path) -> None:
     """The files the documented examples name: a step-cost profile, a table trace with
-    millisecond timestamps in column `ts`, and a Mooncake JSONL trace."""
+    millisecond timestamps in column `ts`, a Mooncake JSONL trace, an inference-perf config and
+    a model's config.json."""
     (work / "my_profile.csv").write_text(
         "phase,batch_size,tokens,seconds\nprefill,1,100,0.01\nprefill,4,4000,0.09\n"
         "decode,1,100,0.01\ndecode,8,800,0.012\ndecode,4,4000,0.02\n"
     )
+    (work / "my_inference_perf.yaml").write_text(  # an inference-perf config
+        "data:\n  type: shared_prefix\n  shared_prefix: {num_groups: 2, num_prompts_per_group: 3,"
+        " system_prompt_len: 100, question_len: 400, output_len: 60,"
+        " enable_multi_turn_chat: true}\n"
+        "load:\n  type: constant\n  stages: [{rate: 4, duration: 10}]\n"
+        "server: {type: vllm, ignore_eos: true}\n"
+    )
+    (work / "my_model").mkdir()
+    (work / "my_model" / "config.json").write_text(json.dumps(MIXTRAL_CONFIG))
     rows = [(i * 250, 100 + 37 * i % 400, 20 + 11 * i % 90) for i in range(40)]
     (work / "my.csv").write_text(
         "ts,prompt_len,output_len\n" + "".join(f"{t},{p},{o}\n" for t, p, o in rows)

@@ -33,6 +33,14 @@ def test_every_config_composes_passes_the_check_and_instantiates(group, name, tm
         if name == "mooncake":  # a file the user must give: write a small one
             sample = tmp_path / "t.jsonl"
             sample.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n')
+        elif name == "inference_perf":
+            sample = tmp_path / "profile.yaml"
+            sample.write_text(
+                "data: {type: random, input_distribution: {type: fixed, mean: 50},"
+                " output_distribution: {type: fixed, mean: 5}}\n"
+                "load: {type: constant, stages: [{rate: 2, duration: 3}]}\n"
+                "server: {ignore_eos: true}\n"
+            )
         else:
             sample = tmp_path / "t.csv"
             sample.write_text("arrival,prompt_len,output_len\n0,5,2\n1.5,6,3\n")

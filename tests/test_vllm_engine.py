@@ -130,7 +130,9 @@ def test_recompute_restores_exactly_prompt_plus_generated_tokens():
     # block at 16 tokens (9 generated): the later one is preempted, the earlier finishes alone
     # (8 + 30 - 1 tokens fit 3 blocks), then the victim recomputes 8 + 9 tokens in one step.
     tr = trace([0.0, 0.0], [8, 8], [30, 30])
-    cfg = VLLMConfig(pool_tokens=48, block_size=16, charge_recompute=True, prefix_caching=False)
+    cfg = VLLMConfig(
+        pool_tokens=48, block_size=16, charge_recompute=True, enable_prefix_caching=False
+    )
     spy = Spy()
     tl = simulate(tr, spy, CONST, cfg)
     check_invariants(tl, cfg)
@@ -156,7 +158,7 @@ def test_recompute_restores_exactly_prompt_plus_generated_tokens():
 
 def test_the_victim_goes_back_to_the_head_of_the_queue():
     tr = trace([0.0, 0.0, 0.001], [8, 8, 8], [30, 30, 5])
-    cfg = VLLMConfig(pool_tokens=48, block_size=16, prefix_caching=False)
+    cfg = VLLMConfig(pool_tokens=48, block_size=16, enable_prefix_caching=False)
     tl = simulate(tr, FCFS(), CONST, cfg)
     check_invariants(tl, cfg)
     assert tl.request_columns["preemptions"].tolist() == [0, 1, 0]
@@ -189,12 +191,12 @@ def test_identical_prompts_hit_all_but_the_last_token():
     tl = simulate(tr, FCFS(), CONST, cfg)
     check_invariants(tl, cfg)
     assert tl.request_columns["cached_tokens"].tolist() == [0] + [p - 1] * (n - 1)
-    off = simulate(tr, FCFS(), CONST, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
+    off = simulate(tr, FCFS(), CONST, VLLMConfig(pool_tokens=10_000, enable_prefix_caching=False))
     assert off.request_columns["cached_tokens"].sum() == 0
     # a hit saves prefill work: a later request's TTFT is a 1-token step, not a whole prompt
     cost = a10g_cost()
     hit = simulate(tr, FCFS(), cost, cfg)
-    miss = simulate(tr, FCFS(), cost, VLLMConfig(pool_tokens=10_000, prefix_caching=False))
+    miss = simulate(tr, FCFS(), cost, VLLMConfig(pool_tokens=10_000, enable_prefix_caching=False))
     assert (hit.first_token_at - tr.arrival)[1] < (miss.first_token_at - tr.arrival)[1]
 
 
@@ -279,7 +281,7 @@ def test_fair_policies_run_on_the_vllm_engine(make):
 def test_vtc_counters_charge_computed_prompt_tokens_and_outputs():
     tr = random_trace(seed=5, n=60, clients=2, max_prompt=300, max_output=40, rate=30.0)
     v = VTC(lift="none")
-    cfg = VLLMConfig(pool_tokens=1200, max_num_batched_tokens=128, prefix_caching=False)
+    cfg = VLLMConfig(pool_tokens=1200, max_num_batched_tokens=128, enable_prefix_caching=False)
     tl = simulate(tr, v, a10g_cost(), cfg)
     r = tl.requests_frame()
     assert r.preemptions.sum() > 0  # recompute happened, and was not charged
@@ -298,7 +300,7 @@ def test_drr_charges_prompt_chunks_on_the_vllm_engine():
 
     tr = random_trace(seed=4, n=80, clients=2, max_prompt=300, max_output=40, rate=30.0)
     drr = DRR(quantum=200.0)
-    cfg = VLLMConfig(pool_tokens=100_000, max_num_batched_tokens=128, prefix_caching=False)
+    cfg = VLLMConfig(pool_tokens=100_000, max_num_batched_tokens=128, enable_prefix_caching=False)
     tl = simulate(tr, drr, a10g_cost(), cfg)
     check_invariants(tl, cfg)
     events = drr.counter_events()
@@ -362,7 +364,7 @@ def test_priority_admits_the_most_urgent_client_and_preempts_the_least():
     # a (priority 0) arrives first; b (priority -1) later, while a waits for room
     tr = trace([0.0, 0.0, 0.01], [8, 8, 8], [30, 30, 30], client=["a", "a", "b"])
     pol = Priority({"b": -1})
-    tl = simulate(tr, pol, CONST, VLLMConfig(pool_tokens=48, prefix_caching=False))
+    tl = simulate(tr, pol, CONST, VLLMConfig(pool_tokens=48, enable_prefix_caching=False))
     pre = tl.request_columns["preemptions"]
     assert pre[2] == 0, "the urgent client's request is never the victim"
     assert pre[:2].sum() >= 1

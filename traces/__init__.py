@@ -3,6 +3,7 @@ transforms, and built-in tenant mixes."""
 
 from traces.arrivals import Gamma, LinearRamp, OnOff, Phase, Piecewise, Poisson, Uniform
 from traces.closed_loop import ClosedLoop
+from traces.inference_perf import InferencePerfWorkload
 from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
 from traces.loaders import load, load_azure, load_mooncake, load_table, load_vidur, load_vtc_real
 from traces.mixes import arena_like, servegen_like
@@ -24,6 +25,7 @@ from traces.transforms import (
 from traces.vtc_suites import ArtifactSuite, VTCRealTrace
 
 __all__ = [
+    "InferencePerfWorkload",
     "PrefixHeavyMix",
     "AbusiveUsers",
     "AppSpec",

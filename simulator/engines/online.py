@@ -33,7 +33,7 @@ class OnlineRunner(Runner):
 
     def _accept(self, replica: int, req: int, now: float) -> None:
         if req in self._aborted:  # its client left before it arrived here
-            self.state.arrival[req] = now
+            self.state.arrival[req] = now - self.frontend
             self._end(req, now, REJECTED, ABORTED)
             return
         super()._accept(replica, req, now)

@@ -105,6 +105,9 @@ class Runner:
         self._refusal = engine.refusals(trace, cost).tolist()
         self.successor = chains(trace)
         self.coupled = not self.dispatcher.static or (trace.chained and n > 1)
+        # a request is sent at its arrival time and reaches the engine's queue this much later
+        # (a cost model's front end: HTTP, tokenizing); its latencies count from the send
+        self.frontend = float(getattr(cost, "frontend_latency", 0.0))
         self.frontier = 0.0 if self.pushed else np.inf  # every arrival before it is known
         first = [] if self.pushed else first_arrivals(trace).tolist()
         self._feeds = self._make_feeds(first, n)
@@ -137,7 +140,7 @@ class Runner:
 
     # ---- arrivals ---------------------------------------------------------------------------
     def _make_feeds(self, first: list[int], n: int) -> list[Arrivals]:
-        arrival = self.trace.arrival
+        arrival = self.trace.arrival + self.frontend  # when each reaches the engine
         if self.coupled:
             feed = Arrivals(first, arrival[first].tolist(), self.horizon)
             feed.deliver = self._dispatch
@@ -166,7 +169,7 @@ class Runner:
     def _accept(self, replica: int, req: int, now: float) -> None:
         """A request arrives at a replica: refused, rejected, or queued."""
         state = self.state
-        state.arrival[req] = now  # chained calls learn their time only now
+        state.arrival[req] = now - self.frontend  # sent then (chained calls learn it only now)
         refusal = self._refusal[req]
         if refusal is not None:
             self._end(req, now, REFUSED, refusal)
@@ -183,7 +186,7 @@ class Runner:
 
     def _release(self, req: int, t: float) -> None:
         feed = self._feeds[0] if self.coupled else self._feeds[self._target(req)]
-        feed.release(req, t)
+        feed.release(req, t + self.frontend)
         if self._changed is not None and not self._changed.triggered:
             self._changed.succeed()
 

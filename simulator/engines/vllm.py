@@ -64,17 +64,23 @@ SHORT_RUN_STEPS = 24
 
 @dataclass(frozen=True)
 class VLLMConfig(EngineKnobs):
-    """Knobs of one vLLM-style replica. `pool_tokens` null: the cost model's KV capacity (GPU
-    memory less weights), which the roofline models provide. The knobs every engine has come
-    from `EngineKnobs`."""
+    """Knobs of one vLLM-style replica, with vLLM's names where vLLM has the knob. The KV pool:
+    `pool_tokens`, or `num_gpu_blocks` blocks (vLLM's override), or sized as vLLM sizes it from
+    `gpu_memory_utilization` and the cost model's GPU (weights, activation and CUDA-graph reserve:
+    `kv_capacity_tokens`); with none of them, the cost model's default capacity. The knobs every
+    engine has come from `EngineKnobs`."""
 
     pool_tokens: int | None = None
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     watermark: float = 0.0
-    prefix_caching: bool = True
+    enable_prefix_caching: bool = True
     charge_recompute: bool = False
+    enable_chunked_prefill: bool = True  # false: a prompt is computed in one step or waits
+    max_model_len: int | None = None  # prompt + output tokens a request may have (vLLM: 400)
+    num_gpu_blocks: int | None = None  # KV blocks per replica (vLLM's num_gpu_blocks_override)
+    gpu_memory_utilization: float | None = None  # share of GPU memory vLLM may use
 
     name = "vllm"
     offered_hooks = (ReplicaAware, Rescheduler)
@@ -90,25 +96,54 @@ class VLLMConfig(EngineKnobs):
             )
         if not (0.0 <= self.watermark < 1.0):
             raise ConfigError(f"engine.watermark must be in [0, 1), got {self.watermark!r}")
+        for key in ("max_model_len", "num_gpu_blocks"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
+                raise ConfigError(f"engine.{key} must be null or an integer >= 1, got {v!r}")
+        sizes = [k for k in ("pool_tokens", "num_gpu_blocks", "gpu_memory_utilization")
+                 if getattr(self, k) is not None]  # fmt: skip
+        if len(sizes) > 1:
+            raise ConfigError(f"engine.{' and engine.'.join(sizes)}: give one way to size the pool")
+        u = self.gpu_memory_utilization
+        if u is not None and not 0 < u <= 1:
+            raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1], got {u!r}")
         super().__post_init__()
 
     def num_blocks(self, cost: StepCostModel) -> int:
         if self.pool_tokens is not None:
             return int(self.pool_tokens) // self.block_size
+        if self.num_gpu_blocks is not None:
+            return int(self.num_gpu_blocks)
         capacity = getattr(cost, "kv_capacity_tokens", None)
         if capacity is None:
             raise ConfigError(
                 "engine.pool_tokens is null but the cost model "
                 f"({type(cost).__name__}) cannot derive a KV capacity; set engine.pool_tokens "
-                "or use cost_model=roofline / vidur_profile"
+                "or engine.num_gpu_blocks, or use cost_model=roofline / fitted / vidur_profile"
             )
-        return int(capacity()) // self.block_size
+        if self.gpu_memory_utilization is None:
+            return int(capacity()) // self.block_size
+        tokens = capacity(
+            self.gpu_memory_utilization,
+            batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+        )
+        return int(tokens) // self.block_size
 
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
-        """Per request, "kv_pool_too_small" if its final KV (prompt + output - 1 tokens) needs
-        more blocks than one replica's pool has, else None."""
+        """Per request, why the engine can never run it (None: it can): "kv_pool_too_small" if
+        its final KV (prompt + output - 1 tokens) needs more blocks than one replica's pool has,
+        "exceeds_max_model_len", or without chunked prefill
+        "prompt_exceeds_max_num_batched_tokens"."""
         final_blocks = -(-(trace.prompt_len + trace.output_len - 1) // self.block_size)
         reason = np.full(len(trace), None, dtype=object)
+        if not self.enable_chunked_prefill:
+            too_long = trace.prompt_len > self.max_num_batched_tokens
+            reason[too_long] = "prompt_exceeds_max_num_batched_tokens"
+        if self.max_model_len is not None:
+            reason[trace.prompt_len + trace.output_len > self.max_model_len] = (
+                "exceeds_max_model_len"
+            )
         reason[final_blocks > self.num_blocks(cost)] = "kv_pool_too_small"
         return reason
 
@@ -183,7 +218,7 @@ class VLLMReplica:
         self.policy, self.queue = policy, queue
         self.cost, self.cfg, self.fast_forward = cost, cfg, fast_forward
         self.trace, self.state, self.feed = host.trace, host.state, host.feed(index)
-        self.pool = BlockPool(cfg.num_blocks(cost), cfg.block_size, cfg.prefix_caching)
+        self.pool = BlockPool(cfg.num_blocks(cost), cfg.block_size, cfg.enable_prefix_caching)
         self.pool_tokens = self.pool.num_blocks * cfg.block_size
         self.watermark_blocks = int(cfg.watermark * self.pool.num_blocks)
         self._prompt, self._output = self.state.prompt, self.state.output
@@ -399,6 +434,8 @@ class VLLMReplica:
             keys = self.keys(req)
             hit = pool.cached_prefix(keys, total)
             start = hit * cfg.block_size
+            if not cfg.enable_chunked_prefill and total - start > budget:
+                break  # the whole prompt in one step, or not yet
             n = min(total - start, budget)
             reserve = self.watermark_blocks if running else 0
             fits = pool.fits(keys, hit, start + n, reserve)

@@ -1,0 +1,160 @@
+"""A step-time model with a few global coefficients over physics terms, fitted once to measured
+vLLM runs and valid for every model, GPU, tensor-parallel degree and dtype the roofline covers.
+
+For a step of T tokens (prefill chunks and decodes) from R requests, reading `ctx` tokens of
+KV and forming `pairs` (query, key) pairs, each term is a time in seconds at the GPU's datasheet
+rates (tp GPUs share every term):
+- `weights`: the weight bytes the step reads (a mixture of experts: the experts its tokens route
+  to) plus the output head's, over memory bandwidth;
+- `matmul`: the matrix products' FLOPs (2 x active parameters per token, the head per request)
+  over tensor throughput (fp8 where the weights are fp8 and the GPU has fp8 units);
+- `attention`: the larger of its FLOPs over throughput and its KV bytes over bandwidth;
+- `allreduce`: the tensor-parallel all-reduces' bytes over the link (0 at tp 1);
+- `allreduce_calls`: how many all-reduces (2 per layer at tp > 1): their fixed latency;
+- `requests`: R, the per-request work of the serving loop (sampling, detokenizing, streaming);
+- `step`: 1, the loop's own time per step.
+Step time = sum of coefficient x term. `frontend_latency` is the time from a client's send to
+the engine's queue (HTTP, tokenizing): TTFT and E2E as the client measures them include it.
+
+`fairsim-fit` fits the coefficients to the training runs and writes the shipped file
+(`cost_models/data/fitted/coefficients.json`, with its provenance); `coefficients=PATH` reads
+another one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from cost_models.base import CostModelError, step_shape
+from cost_models.roofline import RooflineCost
+
+TERMS = ("weights", "matmul", "attention", "allreduce", "allreduce_calls", "requests", "step")
+SHIPPED = Path(__file__).parent / "data" / "fitted" / "coefficients.json"
+
+
+def read_coefficients(path: str | Path) -> tuple[dict[str, float], float]:
+    """The step-term coefficients and the front-end latency of a coefficient file."""
+    try:
+        data = json.loads(Path(path).read_text())
+        coefficients = {t: float(data["coefficients"][t]) for t in TERMS}
+        frontend = float(data["frontend_latency"])
+    except FileNotFoundError:
+        raise CostModelError(f"cost_model.coefficients={path}: no such file") from None
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
+        raise CostModelError(
+            f"{path}: not a fitted-coefficient file (needs coefficients.{'/'.join(TERMS)} and "
+            f"frontend_latency): {err}"
+        ) from None
+    if any(not (np.isfinite(v) and v >= 0) for v in [*coefficients.values(), frontend]):
+        raise CostModelError(f"{path}: every coefficient must be a number >= 0")
+    return coefficients, frontend
+
+
+@dataclass(frozen=True)
+class FittedCost(RooflineCost):
+    """`cost_model=fitted`: the roofline's model, GPU, tp and dtype keys, fitted coefficients."""
+
+    coefficients: str | None = None  # a coefficient file; None: the one fairsim ships
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._use(*read_coefficients(self.coefficients or SHIPPED))
+
+    def with_coefficients(self, beta: dict[str, float], frontend: float) -> FittedCost:
+        """The same model with other coefficients (the fit's iterates)."""
+        other = replace(self)
+        other._use(dict(beta), float(frontend))
+        return other
+
+    def _use(self, beta: dict[str, float], frontend: float) -> None:
+        object.__setattr__(self, "beta", beta)
+        object.__setattr__(self, "frontend_latency", frontend)
+        m, g = self.model_spec, self.gpu_spec
+        peak, bw = self.tp * g.flops_for(m.dtype_bytes), self.tp * g.hbm_bandwidth
+        q_dim = m.heads * m.head_dim
+        # seconds per (query, key) pair and per KV token read, times their coefficient
+        object.__setattr__(
+            self,
+            "_attention",
+            (beta["attention"] * 4.0 * q_dim * m.layers / peak, m.kv_bytes_per_token / bw),
+        )
+        object.__setattr__(self, "_counts", {})
+
+    def term_matrix(
+        self,
+        tokens: np.ndarray,
+        requests: np.ndarray,
+        kv_tokens: np.ndarray,
+        pairs: np.ndarray,
+    ) -> np.ndarray:
+        """The physics terms (columns in TERMS order) of steps of `tokens` tokens from
+        `requests` requests, whose attention reads `kv_tokens` tokens of KV (the new ones
+        included) over `pairs` (query, key) pairs: seconds at datasheet rates, counts for the
+        last three."""
+        m, g, tp = self.model_spec, self.gpu_spec, self.tp
+        peak, bw = tp * g.flops_for(m.dtype_bytes), tp * g.hbm_bandwidth
+        t = np.asarray(tokens, dtype=np.float64)
+        r = np.asarray(requests, dtype=np.float64)
+        head = m.vocab * m.hidden
+        weights = (m.layer_bytes_read(t) + head * m.dtype_bytes) / bw
+        flops = 2.0 * m.layer_params * m.layers * t + 2.0 * head * r
+        attention = np.maximum(
+            4.0 * m.heads * m.head_dim * m.layers * np.asarray(pairs, dtype=np.float64) / peak,
+            np.asarray(kv_tokens, dtype=np.float64) * m.kv_bytes_per_token / bw,
+        )
+        ring = np.zeros_like(t)
+        calls = 0.0
+        if tp > 1:
+            ring = 2 * m.layers * 2.0 * (tp - 1) / tp * t * m.hidden * 2 / g.link_bandwidth
+            calls = float(2 * m.layers)
+        ones = np.ones_like(t)
+        return np.column_stack([weights, flops / peak, attention, ring, calls * ones, r, ones])
+
+    def _count_part(self, tokens: int, requests: int) -> float:
+        """Every term but attention's, for a step of this many tokens and requests (cached:
+        the engines ask tens of thousands of times per run)."""
+        cache: dict[tuple[int, int], float] = self._counts  # type: ignore[attr-defined]
+        t = cache.get((tokens, requests))
+        if t is None:
+            beta: dict[str, float] = self.beta  # type: ignore[attr-defined]
+            one = np.array([tokens]), np.array([requests]), np.zeros(1), np.zeros(1)
+            x = self.term_matrix(*one)[0]
+            t = float(sum(beta[k] * x[i] for i, k in enumerate(TERMS) if k != "attention"))
+            cache[(tokens, requests)] = t
+        return t
+
+    def _attention_time(self, pairs: float, kv_tokens: float) -> float:
+        per_pair, per_token = self._attention  # type: ignore[attr-defined]
+        beta = self.beta["attention"]  # type: ignore[attr-defined]
+        return max(per_pair * pairs, beta * per_token * kv_tokens)
+
+    def step_time(
+        self,
+        chunks: Sequence[tuple[int, int]] = (),
+        decode_batch: int = 0,
+        decode_context: int = 0,
+    ) -> float:
+        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context)
+        count = self._count_part(tokens, len(chunks) + decode_batch)
+        return count + self._attention_time(pairs, kv_read + tokens)
+
+    def prefill_time(self, prompt_lens: np.ndarray) -> float:
+        return self.step_time([(int(p), 0) for p in np.asarray(prompt_lens).tolist()])
+
+    def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(context_tokens, dtype=np.float64)
+        per_pair, per_token = self._attention  # type: ignore[attr-defined]
+        beta = self.beta["attention"]  # type: ignore[attr-defined]
+        attention = np.maximum(per_pair * ctx, beta * per_token * (ctx + batch_size))
+        return self._count_part(batch_size, batch_size) + attention
+
+    def decode_time(self, batch_size: int, context_tokens: int) -> float:
+        ctx = float(context_tokens)
+        return self._count_part(batch_size, batch_size) + self._attention_time(
+            ctx, ctx + batch_size
+        )

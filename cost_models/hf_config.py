@@ -1,0 +1,108 @@
+"""A model's shape from its Hugging Face `config.json`: dense (Llama 2/3/3.1, Mistral, Qwen2/2.5/3,
+Yi, CodeLlama) and mixture-of-experts (Mixtral, Qwen2/3-MoE, Llama 4's `text_config`).
+
+Read: layers, hidden size, attention and KV heads (GQA) and `head_dim` for the KV bytes; the MLP
+width; experts (`num_local_experts` / `num_experts`), experts per token, the expert MLP width
+(`moe_intermediate_size`), shared experts and Llama 4's interleaving for the weights a step
+reads; `tie_word_embeddings`; the weights' dtype from `torch_dtype` (or `dtype`) and
+`quantization_config` (fp8), which `dtype=` overrides. An unknown architecture still loads when
+its fields are the usual ones; a missing field is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cost_models.base import CostModelError
+from cost_models.hardware import ModelSpec
+
+DTYPE_BYTES = {"fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1, "float8": 1}
+
+
+def dtype_bytes(dtype: str, key: str = "cost_model.dtype") -> int:
+    """Bytes per weight for a dtype name (fp16, bf16, fp8)."""
+    name = str(dtype).lower().removeprefix("torch.")
+    if name.startswith("float8") or name.startswith("fp8"):
+        return 1
+    if name not in DTYPE_BYTES:
+        raise CostModelError(f"{key}={dtype!r}: accepted: fp16, bf16, fp8")
+    return DTYPE_BYTES[name]
+
+
+def load_hf_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a `config.json` (a file, or a folder holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        config = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise CostModelError(f"cost_model.model={path}: no such config.json") from None
+    except json.JSONDecodeError as err:
+        raise CostModelError(f"{p}: not JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(config, dict):
+        raise CostModelError(f"{p}: a config.json holds one JSON object")
+    return config
+
+
+def model_from_hf_config(
+    config: dict[str, Any], name: str = "model", dtype: str | None = None
+) -> ModelSpec:
+    """The `ModelSpec` of a parsed config.json; `dtype` overrides the weights' dtype."""
+    text = config.get("text_config")
+    c = {**config, **text} if isinstance(text, dict) else config  # Llama 4, multimodal wrappers
+
+    def need(*keys: str) -> Any:
+        for key in keys:
+            if c.get(key) is not None:
+                return c[key]
+        raise CostModelError(f"{name}: config.json has no {' / '.join(keys)}")
+
+    heads = int(need("num_attention_heads"))
+    hidden = int(need("hidden_size"))
+    experts = int(c.get("num_local_experts") or c.get("num_experts") or 0)
+    moe_width = c.get("moe_intermediate_size") if experts else None
+    dense_width = c.get("intermediate_size_mlp") or need("intermediate_size")
+    if experts and c.get("intermediate_size_mlp"):  # Llama 4: experts use intermediate_size
+        moe_width = moe_width or need("intermediate_size")
+    step = int(c.get("interleave_moe_layer_step") or 1) if experts else 1
+    if experts and c.get("decoder_sparse_step"):  # Qwen MoE: every n-th layer is sparse
+        step = int(c["decoder_sparse_step"])
+    shared = int(c.get("num_shared_experts") or 0)
+    if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
+        shared = max(shared, 1)  # Qwen2-MoE's and every Llama 4 MoE layer's shared expert
+    if dtype is None:
+        quant = c.get("quantization_config") or {}
+        method = str(quant.get("quant_method", "")) + str(quant.get("fmt", ""))
+        dtype = (
+            "fp8"
+            if "fp8" in method.lower()
+            else str(c.get("torch_dtype") or c.get("dtype") or "bf16")
+        )
+    head_dim = c.get("head_dim")
+    return ModelSpec(
+        name=name,
+        layers=int(need("num_hidden_layers")),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=int(c.get("num_key_value_heads") or heads),
+        intermediate=int(dense_width),
+        vocab=int(need("vocab_size")),
+        dtype_bytes=dtype_bytes(dtype),
+        head_dim_override=int(head_dim) if head_dim and int(head_dim) * heads != hidden else None,
+        experts=experts,
+        experts_per_token=int(c.get("num_experts_per_tok") or 0) if experts else 0,
+        expert_intermediate=int(moe_width) if moe_width else None,
+        shared_experts=shared,
+        moe_layer_step=step,
+        tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+    )
+
+
+def model_from_path(path: str | Path, dtype: str | None = None) -> ModelSpec:
+    """A `ModelSpec` from a config.json file or a folder holding one, named after its folder."""
+    p = Path(path)
+    name = (p if p.is_dir() else p.parent).name or p.stem
+    return model_from_hf_config(load_hf_config(p), name, dtype)

@@ -1,0 +1,157 @@
+"""Models from Hugging Face config.json files, the GPUs, vLLM's engine settings with vLLM's names
+and semantics, the fitted cost model and the front end's latency: what predicting a real vLLM
+run needs (cost_models/hf_config.py, cost_models/fitted.py, simulator/engines/vllm.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from command_lines import MIXTRAL_CONFIG
+from conftest import shared_file
+from cost_models import GPUS, MODELS, CostModelError, FittedCost, RooflineCost
+from cost_models.hf_config import model_from_hf_config, model_from_path
+from cost_models.roofline import vllm_reserve
+from policies import FCFS
+from simulator.core.errors import ConfigError
+from simulator.engines import VLLMConfig, simulate
+from traces import Trace
+
+
+def test_a_moe_config_json_gives_the_published_size_and_kv_bytes(tmp_path):
+    folder = tmp_path / "Mixtral-8x7B-v0.1"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(MIXTRAL_CONFIG))
+    m = model_from_path(folder)
+    assert m.name == "Mixtral-8x7B-v0.1" and m.experts == 8 and m.experts_per_token == 2
+    assert m.params == pytest.approx(46.7e9, rel=0.01)  # Mistral AI: 46.7B parameters
+    assert m.layer_params * m.layers + 2 * m.vocab * m.hidden == pytest.approx(12.9e9, rel=0.01)
+    assert m.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2  # GQA: 8 KV heads of 128
+    assert m.params == MODELS["mixtral-8x7b"].params
+    # one token reads its two experts per layer; a large step reads all eight
+    one, many = m.layer_bytes_read(1.0), m.layer_bytes_read(4096.0)
+    per_expert = m.expert_params * m.moe_layers * m.dtype_bytes
+    assert many - one == pytest.approx(6 * per_expert, rel=1e-6)
+
+
+def test_head_dim_fp8_and_llama4_text_config_are_read():
+    qwen3 = {"hidden_size": 5120, "num_attention_heads": 40, "num_key_value_heads": 8,
+             "head_dim": 128, "num_hidden_layers": 40, "intermediate_size": 17408,
+             "vocab_size": 151936, "torch_dtype": "bfloat16"}  # fmt: skip
+    m = model_from_hf_config(qwen3, "qwen3-14b")
+    assert m.head_dim == 128 and m.kv_bytes_per_token == 2 * 40 * 8 * 128 * 2
+    assert m.params == pytest.approx(MODELS["qwen3-14b"].params)
+    fp8 = model_from_hf_config({**qwen3, "quantization_config": {"quant_method": "fp8"}}, "q")
+    assert fp8.dtype_bytes == 1 and fp8.weight_bytes * 2 == m.weight_bytes
+    assert fp8.kv_bytes_per_token == m.kv_bytes_per_token  # vLLM keeps a 16-bit KV cache
+    assert model_from_hf_config(qwen3, "q", dtype="fp8").dtype_bytes == 1
+    scout = {  # Llama 4 Scout's text_config: 16 routed experts and one shared, every layer
+        "text_config": {
+            "hidden_size": 5120,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "num_hidden_layers": 48,
+            "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384,
+            "num_local_experts": 16,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 1,
+            "vocab_size": 202048,
+        }
+    }
+    m4 = model_from_hf_config(scout, "llama-4-scout")
+    assert m4.experts == 16 and m4.shared_experts == 1 and m4.expert_params == 3 * 5120 * 8192
+    assert m4.params == pytest.approx(108e9, rel=0.02)  # Meta: 109B with the vision encoder
+    with pytest.raises(CostModelError, match="config.json has no vocab_size"):
+        model_from_hf_config({k: v for k, v in qwen3.items() if k != "vocab_size"}, "x")
+    with pytest.raises(CostModelError, match="cost_model.dtype='int4': accepted: fp16, bf16, fp8"):
+        model_from_hf_config(qwen3, "x", dtype="int4")
+
+
+def test_the_gpus_carry_their_datasheet_figures_and_fp8_doubles_the_rate_where_it_exists():
+    for name in ("h100", "a100-80gb", "l40s", "rtx-4090", "rtx-pro-6000"):
+        assert name in GPUS
+    assert GPUS["h100"].flops_for(1) == pytest.approx(2 * GPUS["h100"].flops_for(2), rel=0.001)
+    assert GPUS["a100-80gb"].flops_for(1) == GPUS["a100-80gb"].peak_flops  # no fp8 units
+    fast = RooflineCost(model="llama-3.1-8b", gpu="h100", dtype="fp8")
+    slow = RooflineCost(model="llama-3.1-8b", gpu="h100", dtype="bf16")
+    assert fast.decode_time(8, 8000) < slow.decode_time(8, 8000)  # half the weight bytes
+
+
+def test_the_kv_pool_is_sized_as_vllm_sizes_it():
+    """The RTX 4090 run's vLLM 0.19 log: 2,588 blocks of 16 tokens for Llama-3.1-8B at
+    gpu_memory_utilization 0.9, max_num_batched_tokens 2048, max_num_seqs 256 (the only
+    logged block count: docs/sim2real.md says how the reserve is modelled)."""
+    cost = RooflineCost(model="llama-3.1-8b", gpu="rtx-4090")
+    engine = VLLMConfig(gpu_memory_utilization=0.9, max_num_batched_tokens=2048, max_num_seqs=256)
+    assert engine.num_blocks(cost) == pytest.approx(2588, rel=0.01)
+    reserve = vllm_reserve(MODELS["llama-3.1-8b"], 1, 2048, 256)
+    assert 1.0e9 < reserve < 1.5e9
+    assert VLLMConfig(num_gpu_blocks=100).num_blocks(cost) == 100
+    with pytest.raises(ConfigError, match="give one way to size the pool"):
+        VLLMConfig(num_gpu_blocks=100, gpu_memory_utilization=0.9)
+    with pytest.raises(ConfigError, match="gpu_memory_utilization must be in"):
+        VLLMConfig(gpu_memory_utilization=1.5)
+
+
+def one_request(prompt: int, output: int) -> Trace:
+    return Trace.from_columns(client=["a"], arrival=[0.0], prompt_len=[prompt], output_len=[output])
+
+
+def test_max_model_len_and_unchunked_prefill_refuse_what_vllm_refuses():
+    cost = RooflineCost(model="llama-3.1-8b", gpu="h100")
+    tl = simulate(one_request(4000, 200), FCFS(), cost, VLLMConfig(max_model_len=4096))
+    assert tl.status[0] != 0 and tl.reason[0] == "exceeds_max_model_len"
+    unchunked = VLLMConfig(enable_chunked_prefill=False, max_num_batched_tokens=2048)
+    tl = simulate(one_request(3000, 10), FCFS(), cost, unchunked)
+    assert tl.reason[0] == "prompt_exceeds_max_num_batched_tokens"
+    # without chunking a prompt is computed in one step: the first token after one prefill
+    chunked = simulate(one_request(2000, 2), FCFS(), cost, VLLMConfig(max_num_batched_tokens=512))
+    unchunked = VLLMConfig(max_num_batched_tokens=2048, enable_chunked_prefill=False)
+    whole = simulate(one_request(2000, 2), FCFS(), cost, unchunked)
+    assert (chunked.steps_frame().kind == "prefill").sum() == 4
+    assert (whole.steps_frame().kind == "prefill").sum() == 1
+
+
+def test_the_fitted_model_times_a_decode_the_same_step_by_step_or_as_a_run(tmp_path):
+    cost = FittedCost(model="mixtral-8x7b", gpu="h100", tp=2)
+    ctx = np.array([1000, 1040, 1080, 5000])
+    np.testing.assert_array_equal(
+        cost.decode_times(40, ctx), [cost.decode_time(40, c) for c in ctx]
+    )
+    assert cost.step_time([(512, 0)], 8, 4000) > cost.decode_time(8, 4000)
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"coefficients": {"weights": 1}, "frontend_latency": 0}))
+    with pytest.raises(CostModelError, match="not a fitted-coefficient file"):
+        FittedCost(coefficients=str(bad))
+
+
+def test_the_front_end_latency_counts_from_the_send_and_delays_the_engine_by_it():
+    base = FittedCost(model="llama-3.1-8b", gpu="h100")
+    slow = base.with_coefficients(base.beta, 0.05)  # type: ignore[attr-defined]
+    fast = base.with_coefficients(base.beta, 0.0)  # type: ignore[attr-defined]
+    trace = one_request(500, 20)
+    a = simulate(trace, FCFS(), fast, VLLMConfig(pool_tokens=10_000))
+    b = simulate(trace, FCFS(), slow, VLLMConfig(pool_tokens=10_000))
+    assert b.arrival[0] == a.arrival[0] == 0.0  # the send time, as the client measures from
+    assert b.first_token_at[0] - a.first_token_at[0] == pytest.approx(0.05)
+    assert b.finished_at[0] - a.finished_at[0] == pytest.approx(0.05)
+
+
+def test_the_sim2real_model_configs_load():
+    folder = shared_file("sim2real/inference_sim_training/model_configs")
+    for config in sorted(folder.glob("*/config.json")):
+        m = model_from_path(config)
+        preset = {
+            "Llama-2-7b-hf": "llama-2-7b",
+            "Llama-2-70b-hf": "llama-2-70b",
+            "CodeLlama-34b-Instruct-hf": "codellama-34b",
+            "Mixtral-8x7B-v0.1": "mixtral-8x7b",
+        }[m.name]
+        assert (
+            m.params == MODELS[preset].params
+            and m.kv_bytes_per_token == MODELS[preset].kv_bytes_per_token
+        )
