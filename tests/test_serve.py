@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -370,3 +371,20 @@ def test_fairserve_throttles_live_calls_by_user_and_interaction(server: Server):
     assert requests.app.astype(str).unique().tolist() == ["chat"]
     assert requests.call_index.tolist() == [0, 0, 0, 1, 1]
     assert requests.system_prompt_len.tolist() == [10] * 5
+
+
+def test_a_port_already_in_use_is_an_input_error_naming_serve_port(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = subprocess.run(
+            [str(BIN / "fairsim-serve"), f"serve.port={port}",
+             f"hydra.run.dir={tmp_path / 'run'}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert f"serve.port={port}: cannot listen on 127.0.0.1:{port}" in lines[0]
+    assert "serve.port=0" in lines[0]

@@ -132,7 +132,14 @@ async def serve_until_signal(cfg: DictConfig, out_dir: str) -> None:
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=serve.grace, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, serve.host, serve.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as err:  # the port is taken (or not ours to bind): the user's setting
+        await runner.cleanup()
+        raise ConfigError(
+            f"serve.port={serve.port}: cannot listen on {serve.host}:{serve.port} "
+            f"({err.strerror or err}); choose another port, or serve.port=0 for any free one"
+        ) from None
     port = runner.addresses[0][1]
     print(
         f"fairsim-serve: listening on http://{serve.host}:{port}/v1 "
