@@ -233,14 +233,17 @@ GPUS = {
 def model_spec(model: str | ModelSpec) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
-    if model not in MODELS:
-        raise CostModelError(f"unknown model {model!r}; presets: {sorted(MODELS)} (or a ModelSpec)")
+    if not isinstance(model, str) or model not in MODELS:
+        raise CostModelError(
+            f"cost_model.model={model!r}: accepted: a preset ({', '.join(sorted(MODELS))}) or a "
+            "Hugging Face config.json path"
+        )
     return MODELS[model]
 
 
 def gpu_spec(gpu: str | GPUSpec) -> GPUSpec:
     if isinstance(gpu, GPUSpec):
         return gpu
-    if gpu not in GPUS:
-        raise CostModelError(f"unknown gpu {gpu!r}; presets: {sorted(GPUS)} (or a GPUSpec)")
+    if not isinstance(gpu, str) or gpu not in GPUS:
+        raise CostModelError(f"cost_model.gpu={gpu!r}: accepted: {', '.join(sorted(GPUS))}")
     return GPUS[gpu]

@@ -82,10 +82,12 @@ def test_vidur_profile_matches_the_same_measurement():
 
 
 def test_bad_descriptions_are_named():
-    with pytest.raises(ValueError, match="unknown model 'gpt-5'"):
+    with pytest.raises(ValueError, match="cost_model.model='gpt-5': accepted: a preset"):
         RooflineCost("gpt-5", "h100")
-    with pytest.raises(ValueError, match="unknown gpu"):
+    with pytest.raises(ValueError, match="cost_model.gpu='tpu': accepted: a100-80gb"):
         RooflineCost("llama-2-7b", "tpu")
+    with pytest.raises(ValueError, match=r"cost_model.gpu=\[1, 2\]: accepted"):  # a fuzzed list
+        RooflineCost("llama-2-7b", [1, 2])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="link bandwidth"):
         RooflineCost("llama-2-7b", "a10g", tp=2)
     with pytest.raises(ValueError, match="compute_efficiency"):
