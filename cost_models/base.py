@@ -13,6 +13,11 @@ class CostModelError(ValueError):
 
 
 class StepCostModel(Protocol):
+    """How long a step takes. Optional, read where present: `step_time` (a mixed step priced
+    as a whole), `kv_capacity_tokens` (the KV pool a GPU leaves), `step_overhead`, and
+    `frontend_latency` (seconds from a client's send to the engine's queue: the runner
+    delivers requests that much later and counts their latencies from the send)."""
+
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         """Seconds for one prefill-only step over requests with these prompt lengths."""
         ...

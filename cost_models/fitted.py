@@ -128,10 +128,13 @@ class FittedCost(RooflineCost):
             cache[(tokens, requests)] = t
         return t
 
-    def _attention_time(self, pairs: float, kv_tokens: float) -> float:
+    def one_step(self, tokens: int, requests: int, kv_tokens: float, pairs: float) -> float:
+        """One step's time (the arguments as `term_matrix` takes them): what `step_time` and
+        `decode_time` ask."""
         per_pair, per_token = self._attention  # type: ignore[attr-defined]
         beta = self.beta["attention"]  # type: ignore[attr-defined]
-        return max(per_pair * pairs, beta * per_token * kv_tokens)
+        attention = max(per_pair * pairs, beta * per_token * kv_tokens)
+        return self._count_part(tokens, requests) + attention
 
     def step_time(
         self,
@@ -140,8 +143,7 @@ class FittedCost(RooflineCost):
         decode_context: int = 0,
     ) -> float:
         tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context)
-        count = self._count_part(tokens, len(chunks) + decode_batch)
-        return count + self._attention_time(pairs, kv_read + tokens)
+        return self.one_step(tokens, len(chunks) + decode_batch, kv_read + tokens, pairs)
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         return self.step_time([(int(p), 0) for p in np.asarray(prompt_lens).tolist()])
@@ -155,6 +157,4 @@ class FittedCost(RooflineCost):
 
     def decode_time(self, batch_size: int, context_tokens: int) -> float:
         ctx = float(context_tokens)
-        return self._count_part(batch_size, batch_size) + self._attention_time(
-            ctx, ctx + batch_size
-        )
+        return self.one_step(batch_size, batch_size, ctx + batch_size, ctx)

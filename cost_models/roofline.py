@@ -203,7 +203,9 @@ class RooflineCost:
 # workspaces and the CUDA-graph pool (a fixed part), the activations of its profiling forward
 # pass over max_num_batched_tokens tokens (the MLP's widest tensors and a few hidden-state
 # buffers), and the sampler's fp32 logits and probabilities for max_num_seqs requests.
-RESERVE_FIXED = 0.75 * GIB
+# The fixed part is a round a-priori figure (about half a GiB for the CUDA context and
+# workspaces, half a GiB for the CUDA-graph pool), set from no measured run.
+RESERVE_FIXED = 1.0 * GIB
 
 
 def vllm_reserve(m: ModelSpec, tp: int, batched_tokens: int, max_num_seqs: int) -> float:

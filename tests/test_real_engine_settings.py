@@ -84,12 +84,14 @@ def test_the_gpus_carry_their_datasheet_figures_and_fp8_doubles_the_rate_where_i
 def test_the_kv_pool_is_sized_as_vllm_sizes_it():
     """The RTX 4090 run's vLLM 0.19 log: 2,588 blocks of 16 tokens for Llama-3.1-8B at
     gpu_memory_utilization 0.9, max_num_batched_tokens 2048, max_num_seqs 256 (the only
-    logged block count: docs/sim2real.md says how the reserve is modelled)."""
+    logged block count, a validation figure: the model's reserve was set without it and
+    gives 2,452, -5.3%; docs/sim2real.md says how it is modelled)."""
     cost = RooflineCost(model="llama-3.1-8b", gpu="rtx-4090")
     engine = VLLMConfig(gpu_memory_utilization=0.9, max_num_batched_tokens=2048, max_num_seqs=256)
-    assert engine.num_blocks(cost) == pytest.approx(2588, rel=0.01)
+    assert engine.num_blocks(cost) == pytest.approx(2588, rel=0.06)
+    assert engine.num_blocks(cost) < 2588  # the a-priori reserve errs on the safe side
     reserve = vllm_reserve(MODELS["llama-3.1-8b"], 1, 2048, 256)
-    assert 1.0e9 < reserve < 1.5e9
+    assert 1.3e9 < reserve < 1.7e9  # 1 GiB fixed, 0.18 GB activations, 0.26 GB sampler
     assert VLLMConfig(num_gpu_blocks=100).num_blocks(cost) == 100
     with pytest.raises(ConfigError, match="give one way to size the pool"):
         VLLMConfig(num_gpu_blocks=100, gpu_memory_utilization=0.9)

@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,6 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from cost_models.base import step_shape
 from cost_models.fitted import SHIPPED, TERMS, FittedCost, read_coefficients
 from simulator.api import build_trace, compose_config, instantiate_parts
 from simulator.apps.common.command import run_command
@@ -71,20 +69,9 @@ class RecordedCost(FittedCost):
         super().__post_init__()
         object.__setattr__(self, "calls", [])
 
-    def step_time(
-        self,
-        chunks: Sequence[tuple[int, int]] = (),
-        decode_batch: int = 0,
-        decode_context: int = 0,
-    ) -> float:
-        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context)
-        self.calls.append((tokens, len(chunks) + decode_batch, kv_read + tokens, pairs))  # type: ignore[attr-defined]
-        return super().step_time(chunks, decode_batch, decode_context)
-
-    def decode_time(self, batch_size: int, context_tokens: int) -> float:
-        ctx = float(context_tokens)
-        self.calls.append((batch_size, batch_size, ctx + batch_size, ctx))  # type: ignore[attr-defined]
-        return super().decode_time(batch_size, context_tokens)
+    def one_step(self, tokens: int, requests: int, kv_tokens: float, pairs: float) -> float:
+        self.calls.append((tokens, requests, kv_tokens, pairs))  # type: ignore[attr-defined]
+        return super().one_step(tokens, requests, kv_tokens, pairs)
 
     def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
         raise AssertionError("the fit simulates with fast-forward off")
