@@ -229,8 +229,8 @@ def render(runs: list[MeasuredRun], errors: dict[str, dict[str, dict[str, float]
         "probabilities for max_num_seqs requests. The one logged block count, the RTX 4090 "
         "run of Llama-3.1-8B under vLLM 0.19 (utilization 0.9, 2,048 batched tokens, 256 "
         "sequences), is 2,588 blocks; the model gives 2,452 (-5.3%): the pool is a few percent "
-        "small there. The H100 runs above never fill their pools, so it changes none of their "
-        "figures.",
+        "small there. Of the H100 runs above only the overloaded Llama-2-7B reasoning run fills "
+        "its pool, so it is the only one whose figures depend on the reserve.",
         "",
     ]
     return "\n".join(lines)
