@@ -18,21 +18,14 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("openai")
 
+from test_calibrate import TRUE_COST  # noqa: E402
+
 from conftest import BIN, ROOT, Server  # noqa: E402
 
 pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clients
 
-# the server's cost model: conf/cost_model/a10g_llama7b.yaml with a per-request prefill term
-# large enough for a 60-request run to identify it (the A10G fit's 0.45 ms is not)
-KNOWN_COST = {
-    "step_overhead": 0.004,
-    "decode_base": 0.01629528795883067,
-    "decode_per_seq": 0.0002449615538388592,
-    "decode_per_context_token": 2.018058626237552e-06,
-    "prefill_per_request": 0.003,
-    "prefill_per_token": 0.00021367273378674318,
-}
-ENGINE = [f"cost_model.{k}={v}" for k, v in KNOWN_COST.items()] + ["policy=fcfs"]
+# the server's cost model: the A10G fit with a per-request prefill term a short run identifies
+ENGINE = [f"cost_model.{k}={v}" for k, v in TRUE_COST.items()] + ["policy=fcfs"]
 # one client, short outputs, about 60 requests in 6-8 s; the run ends in about 15 s
 SHORT_CHATS = [
     "workload=poisson_chat",
@@ -166,11 +159,15 @@ def test_calibration_recovers_the_servers_cost_model_from_client_timings(tmp_pat
     res = run("fairsim-calibrate", str(runs.bench), "--out", str(tmp_path))
     assert "fairsim --config-dir" in res.stdout
     fitted = yaml.safe_load((tmp_path / "cost_model" / "calibrated.yaml").read_text())
-    errors = {name: fitted[name] / truth - 1 for name, truth in KNOWN_COST.items()}
-    print("fitted / true - 1:", {k: f"{100 * v:+.1f}%" for k, v in errors.items()})
-    for name, truth in KNOWN_COST.items():
-        assert fitted[name] == pytest.approx(truth, rel=0.10), (name, fitted[name], truth)
-    true_model = instantiate({"_target_": "cost_models.LinearStepCost", **KNOWN_COST})
+    standard_errors = json.loads((tmp_path / "calibration.json").read_text())["standard_errors"]
+    for name, truth in TRUE_COST.items():
+        value, error = fitted[name], standard_errors[name]
+        print(f"{name}: fitted / true - 1 = {value / truth - 1:+.1%} ± {error / truth:.1%}")
+        # the loopback's jitter is noise the fit reports (tests/test_calibrate.py checks that
+        # its standard errors are honest); on a busy machine it moved the step overhead and
+        # the per-request prefill term by up to 29%, while their sum stays put
+        assert abs(value - truth) <= max(0.10 * truth, 4 * error), (name, value, error, truth)
+    true_model = instantiate({"_target_": "cost_models.LinearStepCost", **TRUE_COST})
     model = instantiate(OmegaConf.create(fitted))
     steps = [  # typical decode batches (size, context) and prefills (prompt lengths)
         *((model.decode_time(b, c), true_model.decode_time(b, c)) for b, c in TYPICAL_DECODES),

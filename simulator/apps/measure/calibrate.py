@@ -63,9 +63,14 @@ def design(steps: pd.DataFrame) -> np.ndarray:
     )
 
 
-def fit(steps: pd.DataFrame) -> tuple[dict[str, float], list[str]]:
-    """The parameters of the usable steps, and the ones fixed at 0 because the run cannot
-    identify them."""
+def fit(steps: pd.DataFrame) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """The parameters of the usable steps, their standard errors, and the ones fixed at 0
+    because the run cannot identify them.
+
+    The standard errors are the robust fit's sandwich estimate, B^-1 M B^-1 with
+    B = A' diag(psi'(r)) A and M = A' diag(psi(r)^2) A (psi the soft-L1 loss's derivative):
+    it holds when the noise grows with the step (a GPU's jitter is proportional), and a
+    delayed packet counts only as much as the loss lets it."""
     used = steps[steps["usable"]]
     x = design(used)
     y = used["duration"].to_numpy()
@@ -91,11 +96,17 @@ def fit(steps: pd.DataFrame) -> tuple[dict[str, float], list[str]]:
         loss="soft_l1",
         f_scale=ROBUST_SCALE,
     )
+    z = 1 + ((a @ result.x - y) / ROBUST_SCALE) ** 2
+    psi, psi_slope = (a @ result.x - y) / np.sqrt(z), z**-1.5
+    bread = np.linalg.pinv(a.T @ (psi_slope[:, None] * a))
+    errors = np.sqrt(np.diag(bread @ (a.T @ (psi[:, None] ** 2 * a)) @ bread))
     values = dict.fromkeys(PARAMETERS, 0.0)
-    for j, v in zip(kept, result.x / scale[kept]):
+    standard_errors = dict.fromkeys(PARAMETERS, 0.0)
+    for j, v, e in zip(kept, result.x / scale[kept], errors / scale[kept]):
         values[PARAMETERS[j]] = float(v)
+        standard_errors[PARAMETERS[j]] = float(e)
     fixed = [PARAMETERS[j] for j in range(len(PARAMETERS)) if j not in kept]
-    return values, fixed
+    return values, standard_errors, fixed
 
 
 def predict(values: dict[str, float], steps: pd.DataFrame) -> np.ndarray:
@@ -124,7 +135,7 @@ def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
             f"fitting both needs {MIN_STEPS} of each: measure a longer or busier run, where "
             "requests arrive while others decode"
         )
-    values, fixed = fit(steps)
+    values, standard_errors, fixed = fit(steps)
     try:
         LinearStepCost(**values)
     except CostModelError as err:
@@ -136,6 +147,7 @@ def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
         "run": str(run),
         "gap": gap,
         "parameters": values,
+        "standard_errors": standard_errors,
         "fixed_at_zero": fixed,
         "steps": {
             "inferred": len(steps),
@@ -200,8 +212,10 @@ def format_report(report: dict[str, Any], out: Path) -> str:
         f"burst gap {1e3 * report['gap']:.2f} ms)",
     ]
     for name, v in report["parameters"].items():
-        note = "  (fixed: the run cannot tell it apart)" if name in report["fixed_at_zero"] else ""
-        lines.append(f"  {name:<26}{v:.4g}{note}")
+        if name in report["fixed_at_zero"]:
+            lines.append(f"  {name:<26}{v:.4g}  (fixed: the run cannot tell it apart)")
+        else:
+            lines.append(f"  {name:<26}{v:.4g} ± {report['standard_errors'][name]:.2g}")
     r = report["residual_seconds"]
     lines.append(
         f"residual |measured - predicted|: median {1e3 * r['median_abs']:.2f} ms, "
