@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from aiohttp import web
-from aiohttp_sse import EventSourceResponse
 
 pytest.importorskip("openai")
 
@@ -46,17 +45,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "slow down"}}, status=429)
     if k == 2:
         return web.json_response({"choices": [{"text": "not streamed"}]})
-    response = EventSourceResponse(allow_all_methods=True)
+    # CRLF framing, which the SSE standard allows and some servers write: the client reads it
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     for i in range({1: 3, 3: 2, 4: 4}[k]):
-        await response.send(chunk(f" t{i}"))
+        await response.write(f"data: {chunk(f' t{i}')}\r\n\r\n".encode())
     if k == 1:
         await asyncio.sleep(3600)  # stalls until the client gives up
     if k == 3:
         assert request.transport is not None
         request.transport.close()  # drops the connection mid-stream
         return response
-    await response.send("[DONE]")
+    await response.write(b"data: [DONE]\r\n\r\n")
     return response
 
 

@@ -388,3 +388,32 @@ def test_a_port_already_in_use_is_an_input_error_naming_serve_port(tmp_path: Pat
     assert len(lines) == 1 and "Traceback" not in res.stderr
     assert f"serve.port={port}: cannot listen on 127.0.0.1:{port}" in lines[0]
     assert "serve.port=0" in lines[0]
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_streams_are_framed_as_vllm_frames_them_lf_only(server: Server, path: str):
+    """vLLM's OpenAI server ends each event with a bare blank line (`\\n\\n`); clients such as
+    inference-perf split on exactly that, and measured nothing from CRLF-framed streams."""
+    body = {"model": "fairsim", "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    if path == "/completions":
+        body["prompt"] = "x" * 40
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    request = urllib.request.Request(
+        server.url + path, data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request) as response:
+        assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+        raw = response.read()
+    server.stop()
+    assert b"\r" not in raw
+    assert raw.endswith(b"data: [DONE]\n\n")
+    events = raw.split(b"\n\n")[:-1]
+    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events)
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    texts = [c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content")
+             for c in chunks if c["choices"]]  # fmt: skip
+    assert sum(bool(t) for t in texts) == 5
+    assert chunks[-1]["usage"]["completion_tokens"] == 5

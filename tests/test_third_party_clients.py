@@ -1,10 +1,11 @@
-"""A third-party benchmark client from the package index, GuideLLM, against `fairsim-serve` on
-loopback: what it measures (TTFT and inter-token latency medians) agrees with the times the
-server simulated.
+"""Third-party benchmark clients from the package index, GuideLLM and inference-perf, against
+`fairsim-serve` on loopback: what each measures (TTFT and inter-token latency medians) agrees
+with the times the server simulated.
 
-GuideLLM needs PyTorch, so it lives in a virtual environment of its own: the test uses the
-`guidellm` named by FAIRSIM_GUIDELLM (as .ci/run sets it) or found on PATH, and skips otherwise.
-It runs offline with a byte-level tokenizer the test builds (no model hub)."""
+Each lives in a virtual environment of its own (GuideLLM needs PyTorch, inference-perf Python
+3.12): the tests use the executables named by FAIRSIM_GUIDELLM and FAIRSIM_INFERENCE_PERF (as
+.ci/run sets them) or found on PATH, and skip otherwise. They run offline with tokenizers the
+tests build (no model hub)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from conftest import Server
 
@@ -35,18 +37,43 @@ PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(sys.argv[1])
 """
 
 
-def guidellm() -> Path:
-    found = os.environ.get("FAIRSIM_GUIDELLM") or shutil.which("guidellm")
+# one token per word, whatever the word: inference-perf draws prompts as random token ids and
+# checks that their text re-tokenizes to the same length, and counts each streamed chunk's
+# tokens to time them (fairsim-serve streams one word per chunk)
+WORD_TOKENIZER = """
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+words = ["[UNK]", *(f"w{i}" for i in range(500))]
+tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.decoder = decoders.WordPiece()
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(sys.argv[1])
+"""
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def installed(variable: str, name: str, why: str) -> Path:
+    found = os.environ.get(variable) or shutil.which(name)
     if not found or not Path(found).exists():
         pytest.skip(
-            "guidellm is not installed: it needs PyTorch, so .ci/run installs it in a virtual "
-            "environment of its own and names it in FAIRSIM_GUIDELLM"
+            f"{name} is not installed: it needs {why}, so .ci/run installs it in a virtual "
+            f"environment of its own and names it in {variable}"
         )
     return Path(found)
 
 
+def simulated_medians(server: Path) -> tuple[float, float]:
+    """The server's own median TTFT and gap between a request's tokens, in ms."""
+    requests = pd.read_parquet(server / "requests.parquet")
+    tokens = pd.read_parquet(server / "tokens.parquet").sort_values(["request_id", "index"])
+    gaps = tokens.groupby("request_id").time.diff().dropna()
+    return 1e3 * np.median(requests.first_token_at - requests.arrival), 1e3 * np.median(gaps)
+
+
 def test_guidellm_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path):
-    exe = guidellm()
+    exe = installed("FAIRSIM_GUIDELLM", "guidellm", "PyTorch")
     tokenizer = tmp_path / "tokenizer"
     subprocess.run([str(exe.parent / "python"), "-c", TOKENIZER, str(tokenizer)], check=True)
     server = Server(tmp_path / "server", "policy=fcfs")
@@ -61,7 +88,7 @@ def test_guidellm_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path)
             f"--output=kind=json,path={tmp_path / 'guidellm.json'}",
             "--disable-progress",
         ]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = {**os.environ, **OFFLINE}
         res = subprocess.run(
             [str(exe), *args], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env
         )
@@ -85,6 +112,59 @@ def test_guidellm_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path)
     simulated_itl = 1e3 * np.median(per_token)
     print(
         f"GuideLLM TTFT median {ttft:.2f} ms (simulated {simulated_ttft:.2f}), "
+        f"ITL median {itl:.2f} ms (simulated {simulated_itl:.2f})"
+    )
+    assert abs(ttft - simulated_ttft) <= 10
+    assert abs(itl - simulated_itl) <= 10
+
+
+def test_inference_perf_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path):
+    """inference-perf splits events on a bare blank line, as vLLM writes them: with CRLF
+    framing it reported every request a success with no TTFT, no ITL and 0 output tokens."""
+    exe = installed("FAIRSIM_INFERENCE_PERF", "inference-perf", "Python 3.12 or newer")
+    tokenizer = tmp_path / "tokenizer"
+    subprocess.run([str(exe.parent / "python"), "-c", WORD_TOKENIZER, str(tokenizer)], check=True)
+    server = Server(tmp_path / "server", "policy=fcfs")
+    fixed = {"type": "fixed", "total_count": 100}
+    config = {
+        "load": {"type": "constant", "stages": [{"rate": 4, "duration": 6}]},
+        "api": {"type": "completion", "streaming": True},
+        "server": {
+            "type": "vllm",
+            "model_name": "fairsim",
+            "ignore_eos": True,
+            "base_url": server.url.removesuffix("/v1"),
+        },  # fmt: skip
+        "tokenizer": {"pretrained_model_name_or_path": str(tokenizer)},
+        "data": {
+            "type": "random",
+            "input_distribution": {"min": 256, "max": 256, "mean": 256, **fixed},
+            "output_distribution": {"min": 48, "max": 48, "mean": 48, **fixed},
+        },
+        "storage": {"local_storage": {"path": str(tmp_path / "report")}},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    try:
+        res = subprocess.run(
+            [str(exe), "--config_file", str(tmp_path / "config.yaml")],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path,
+            env={**os.environ, **OFFLINE},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        server.stop()
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    report = json.loads((tmp_path / "report" / "summary_lifecycle_metrics.json").read_text())
+    served = pd.read_parquet(tmp_path / "server" / "requests.parquet")
+    assert report["successes"]["count"] == len(served) == 24 and not report["failures"]["count"]
+    assert (served.status == "completed").all() and (served.output_len == 48).all()
+    latency = report["successes"]["latency"]
+    ttft = 1e3 * latency["time_to_first_token"]["median"]
+    itl = 1e3 * latency["inter_token_latency"]["median"]
+    simulated_ttft, simulated_itl = simulated_medians(tmp_path / "server")
+    print(
+        f"inference-perf TTFT median {ttft:.2f} ms (simulated {simulated_ttft:.2f}), "
         f"ITL median {itl:.2f} ms (simulated {simulated_itl:.2f})"
     )
     assert abs(ttft - simulated_ttft) <= 10

@@ -5,8 +5,10 @@ engine produces it.
 start) x `time_scale`. A request is submitted at the simulated instant it arrives; a driver task
 advances the simulation to the present whenever a step is due or a request arrives, and hands
 each request's new tokens to its handler, which writes them at once (and records when, so the
-lag between a token's simulated time and its write is measurable). HTTP and Server-Sent Events
-framing come from aiohttp and aiohttp-sse; the metrics are in `live_metrics.py`.
+lag between a token's simulated time and its write is measurable). HTTP comes from aiohttp;
+Server-Sent Events are framed exactly as vLLM's OpenAI server frames them (`data: ...` and a
+blank line, LF only, no pings), since some benchmark clients split events on `\n\n` alone; the
+metrics are in `live_metrics.py`.
 
 Lengths: a prompt given as token ids counts them; text counts ceil(characters /
 `chars_per_token`) (4 by default, a common estimate for English), or what a tokenizer plugged in
@@ -28,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from aiohttp_sse import EventSourceResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from simulator.apps.live.metrics import ServerMetrics
@@ -531,12 +532,13 @@ async def _stream(
     usage: dict[str, int] | None,
 ) -> web.StreamResponse:
     """Server-Sent Events: one chunk per token as its simulated time comes, then [DONE]."""
-    response = EventSourceResponse(allow_all_methods=True, ping_interval=3600)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    response.enable_chunked_encoding()
     await response.prepare(request)
     if kind == "chat":  # the role first, as OpenAI does
         role = _chunk(kind, rid, model, created, None, None)
         role["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-        await response.send(json.dumps(role))
+        await _send_event(response, json.dumps(role))
     # each chunk differs only in its text (and the last in its finish reason): two JSON
     # templates filled per token keep a 200-stream server's writes cheap (benchmarks/serve_load.py)
     going, ending = (
@@ -549,16 +551,23 @@ async def _stream(
     try:
         while event[0] == "token":
             head, tail = ending if k + 1 == stream.max_tokens else going
-            await response.send(head + WORDS[k % len(WORDS)][k > 0] + tail)
+            await _send_event(response, head + WORDS[k % len(WORDS)][k > 0] + tail)
             stream.sim_times.append(event[1])
             stream.written_at.append(engine.clock.now())
             k += 1
             event = await stream.events.get()
         if usage is not None:
-            await response.send(json.dumps(_chunk(kind, rid, model, created, None, None, usage)))
-        await response.send("[DONE]")
+            await _send_event(
+                response, json.dumps(_chunk(kind, rid, model, created, None, None, usage))
+            )
+        await _send_event(response, "[DONE]")
         stream.outcome = "completed"
     except (ConnectionResetError, asyncio.CancelledError):
         stream.outcome = "disconnected"
         raise
     return response
+
+
+async def _send_event(response: web.StreamResponse, data: str) -> None:
+    """One event as vLLM writes it: `data: <data>` then a blank line, LF only."""
+    await response.write(b"data: " + data.encode() + b"\n\n")
