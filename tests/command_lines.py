@@ -29,7 +29,7 @@ SWEEP_OVERRIDES = [
     "compare_with=null",
     "veeksha_metrics=false",
 ]
-NEEDS_DATA = ("etalon_", "servegen", "agentic")  # not shipped: fetched data
+NEEDS_DATA = ("etalon_", "servegen")  # not shipped: fetched data
 PLACEHOLDERS = ("HOST:6379",)
 MIXTRAL_CONFIG = {  # the fields fairsim reads of Mixtral-8x7B-v0.1's published config.json
     "architectures": ["MixtralForCausalLM"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import hashlib
 import http.server
 import os
@@ -40,13 +41,21 @@ def test_every_shipped_folder_has_its_licence_and_a_notice_naming_the_source():
     assert folders, "fairsim ships data"
     for folder in folders:
         assert (folder / "LICENSE").exists(), folder
-        assert "github.com/" in (folder / "NOTICE.md").read_text(), folder
+        notice = (folder / "NOTICE.md").read_text()
+        # the public repository it comes from, or (for data with none) the holder the LICENSE names
+        holders = [line.strip() for line in (folder / "LICENSE").read_text().splitlines()
+                   if line.strip().startswith("Copyright ") and "[" not in line]  # fmt: skip
+        assert "github.com/" in notice or any(h in notice for h in holders), folder
 
 
 def test_shipped_files_are_unchanged_copies_of_the_public_data():
     for path in shipped_files():
         relative = next(path.relative_to(root) for root in SHIPPED_DATA if root in path.parents)
         if path.name == "NOTICE.md" or relative.parts[0] == "fitted":  # fairsim's own figures
+            continue
+        if path.suffix == ".gz":  # shipped compressed, otherwise unchanged
+            original = shared_file(str(relative.with_suffix("")))
+            assert gzip.decompress(path.read_bytes()) == original.read_bytes(), relative
             continue
         original = shared_file(str(relative))
         assert path.read_bytes() == original.read_bytes(), relative
@@ -58,8 +67,11 @@ def test_data_paths_look_in_the_override_then_shipped_data_then_the_cache(tmp_pa
     assert resolve_path("data:vtc/real_trace.csv") == SHIPPED_DATA[0] / "vtc" / "real_trace.csv"
     with pytest.raises(TraceError, match="`fairsim-data get mooncake` downloads it"):
         resolve_path("data:mooncake/conversation_trace.jsonl")
-    with pytest.raises(TraceError, match="set FAIRSIM_DATA_DIR to a folder holding agentic/"):
-        resolve_path("data:agentic/sessions.csv")
+    with pytest.raises(TraceError, match="set FAIRSIM_DATA_DIR to a folder holding mine/"):
+        resolve_path("data:mine/sessions.csv")
+    # a table fairsim ships compressed is found under its plain name
+    sessions = SHIPPED_DATA[0] / "agentic" / "claude_code_sessions_flat.csv.gz"
+    assert resolve_path("data:agentic/claude_code_sessions_flat.csv") == sessions
     cached = tmp_path / "cache" / "fairsim" / "data" / "mooncake" / "conversation_trace.jsonl"
     cached.parent.mkdir(parents=True)
     cached.write_text("{}\n")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import a10g_cost, shared_file
+from conftest import a10g_cost, installed_data
 from policies import FairServe, RPMInteraction
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import ADMIT
@@ -223,7 +223,7 @@ def test_summary_and_metrics_report_interactions(tmp_path):
 
 
 def test_agentic_sessions_become_chained_interactions():
-    path = shared_file("agentic/claude_code_sessions_flat.csv")
+    path = installed_data("data:agentic/claude_code_sessions_flat.csv")
     tr = load_agentic_sessions(path, sessions=20)
     import pandas as pd
 

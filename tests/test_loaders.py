@@ -2,6 +2,7 @@
 files (row counts and statistics of the published files); validation errors name the file,
 row and field; fuzzed broken files only ever raise TraceError."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -391,3 +392,19 @@ def test_trace_stats_bad_file_is_one_line_and_exit_2(tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "line 2, field 'num_decode_tokens'" in lines[0]
     assert "Traceback" not in run.stderr
+
+
+def test_a_gzipped_table_reads_as_its_plain_file_and_a_corrupt_one_is_named(tmp_path):
+    from traces.files import read_table
+
+    plain = tmp_path / "t.csv"
+    plain.write_text("arrival,client,prompt_len,output_len\n0.5,a,10,4\n\n1.5,b,20,8\n")
+    packed = tmp_path / "t.csv.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    pd.testing.assert_frame_equal(read_table(packed), read_table(plain))
+    assert list(read_table(packed).index) == [2, 4]  # rows keep their file lines
+    assert detect_format(packed) == "table"
+    broken = tmp_path / "broken.csv.gz"
+    broken.write_bytes(b"arrival,client\n1,a\n")
+    with pytest.raises(TraceError, match=r"broken\.csv\.gz: not a readable gzip file"):
+        read_table(broken)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine import workloads
 
-from conftest import a10g_cost, check_accounting, random_trace, shared_file
+from conftest import a10g_cost, check_accounting, installed_data, random_trace
 from cost_models import ConstantStepCost, RooflineCost
 from policies import FCFS, LCF, RPM, VTC
 from policies.base import BasePolicy
@@ -324,10 +324,7 @@ def test_config_errors_name_the_field():
 
 
 def test_agentic_sessions_reuse_their_growing_context():
-    from conftest import shared_file
-    from traces.agentic import load_agentic_sessions
-
-    path = shared_file("agentic/claude_code_sessions_flat.csv")
+    path = installed_data("data:agentic/claude_code_sessions_flat.csv")
     tr = load_agentic_sessions(path, sessions=2, block_hashes=True)
     assert tr.hash_block_tokens == 64
     assert all(len(h) == p // 64 for h, p in zip(tr.block_hashes, tr.prompt_len, strict=True))
@@ -433,7 +430,7 @@ def test_prefix_hit_rate_counts_each_prompt_once_within_the_unlimited_cache_boun
 
 @pytest.mark.slow
 def test_prefix_hit_rate_on_the_agentic_sessions_stays_within_the_unlimited_cache_bound():
-    path = shared_file("agentic/claude_code_sessions_flat.csv")
+    path = installed_data("data:agentic/claude_code_sessions_flat.csv")
     tr = load_agentic_sessions(path, sessions=4, block_hashes=True, mode="open_loop")
     cfg = VLLMConfig(pool_tokens=400_000, max_num_batched_tokens=8192)
     tl = simulate(tr, FCFS(), RooflineCost(gpu="h100"), cfg)

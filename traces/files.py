@@ -2,11 +2,14 @@
 checking columns, with errors that name the file, the row and the field.
 
 Shared by every loader (traces/loaders.py, traces/agentic.py, ...). Files are read as UTF-8 text
-or Parquet, never unpickled.
+or Parquet, never unpickled; a CSV or JSONL file may be gzip-compressed (`name.csv.gz`), and a
+`data:` path finds `name.csv.gz` where `name.csv` is absent, which is how fairsim ships its
+larger tables.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -47,8 +50,9 @@ def resolve_path(path: str | Path, what: str = "trace file") -> Path:
     if text.startswith(DATA_SCHEME):
         relative = text[len(DATA_SCHEME) :].lstrip("/")
         for folder in data_dirs():
-            if (folder / relative).exists():
-                return folder / relative
+            for candidate in (folder / relative, folder / f"{relative}.gz"):
+                if candidate.exists():
+                    return candidate
         from traces.datasets import datasets  # the manifest is read only when data is missing
 
         name = relative.split("/", 1)[0]
@@ -71,7 +75,8 @@ def read_table(path: str | Path, fmt: str | None = None) -> pd.DataFrame:
     p = resolve_path(path)
     if not p.is_file():
         raise TraceError(f"{p}: not a file; accepted: a {'/'.join(TABLE_FORMATS)} file")
-    fmt = fmt or SUFFIX_FORMAT.get(p.suffix.lower())
+    compressed = p.suffix.lower() == ".gz"
+    fmt = fmt or SUFFIX_FORMAT.get((p.with_suffix("") if compressed else p).suffix.lower())
     if fmt not in TABLE_FORMATS:
         raise TraceError(
             f"{p}: format {fmt or p.suffix!r} unknown; accepted: {TABLE_FORMATS} "
@@ -85,7 +90,7 @@ def read_table(path: str | Path, fmt: str | None = None) -> pd.DataFrame:
                 f"{p}: not a readable Parquet file ({err}); accepted: Parquet"
             ) from None
     else:
-        text = _utf8(p)
+        text = _utf8(p, compressed)
         frame = _read_csv(p, text) if fmt == "csv" else _read_jsonl(p, text)
     if len(frame) == 0:
         raise TraceError(f"{p}: the file has no data rows; accepted: at least one row")
@@ -98,8 +103,13 @@ def file_source(path: str | Path, frame: pd.DataFrame) -> FileSource:
     return FileSource(str(path), lines)
 
 
-def _utf8(p: Path) -> str:
+def _utf8(p: Path, compressed: bool = False) -> str:
     raw = p.read_bytes()
+    if compressed:
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise TraceError(f"{p}: not a readable gzip file ({err}); accepted: gzip") from None
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:

@@ -8,6 +8,7 @@ bad file exits with status 2 and one line naming the file, row and field.
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,13 @@ def detect_format(path: str | Path) -> str:
     p = Path(path)
     if p.is_dir() or p.name.endswith((".tar.gz", ".tgz", ".tar")):
         return "servegen"
-    if p.suffix.lower() == ".jsonl":
+    suffix = (p.with_suffix("") if p.suffix.lower() == ".gz" else p).suffix.lower()
+    if suffix == ".jsonl":
         return "mooncake"
-    if p.suffix.lower() in (".parquet", ".pq"):
+    if suffix in (".parquet", ".pq"):
         return "table"
-    with resolve_path(p).open("rb") as f:
+    found = resolve_path(p)
+    with (gzip.open if found.suffix.lower() == ".gz" else open)(found, "rb") as f:
         header = f.readline().decode("utf-8", errors="replace")
     columns = [c.strip() for c in header.split(",")]
     for column, fmt in HEADERS.items():
