@@ -419,3 +419,29 @@ def test_streams_are_framed_as_vllm_frames_them_lf_only(server: Server, path: st
              for c in chunks if c["choices"]]  # fmt: skip
     assert sum(bool(t) for t in texts) == 5
     assert chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+SLO = "slos=[{name: ttfc, metric: ttfc, percentile: 0.5, value: 60}]"
+
+
+@pytest.mark.parametrize("server", [(SLO,)], indirect=True)
+def test_the_servers_run_folder_is_scored_as_an_offline_runs_is(server: Server):
+    """QoE, SLO results and the Veeksha files under metrics/, so a client's report has
+    something server-side to be held against."""
+
+    async def four() -> None:
+        api = client(server)
+        await asyncio.gather(*(stream_chat(api, f"c{i}", 8) for i in range(4)))
+
+    asyncio.run(four())
+    server.stop()
+    summary = json.loads((server.folder / "summary.json").read_text())
+    assert summary["qoe"]["fluidity"]["requests"] == 4
+    (slo,) = summary["slo_results"]["results"]
+    assert slo["name"] == "ttfc" and summary["slo_results"]["all_slos_met"]
+    metrics = server.folder / "metrics"
+    for name in ("request_level_metrics.jsonl", "summary_stats.json", "slo_results.json",
+                 "ttfc.csv", "tbc.csv", "throughput_metrics.json"):  # fmt: skip
+        assert (metrics / name).stat().st_size > 0, name
+    rows = (metrics / "request_level_metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 4

@@ -94,6 +94,7 @@ class LiveSession:
             **apps,  # type: ignore[arg-type]
         )
         self.runner = OnlineRunner(empty, policy, cost, engine, cluster)
+        self.cost, self.engine = cost, engine  # what the run folder's QoE scoring needs
         self.capacity, self.count = capacity, 0
         self._sent: dict[int, int] = {}  # active row -> tokens reported
         self._stamp = (-1, -1)  # (steps applied, requests ended) at the last emitted()
