@@ -101,14 +101,21 @@ def test_each_kind_of_failure_gets_a_clear_record_and_nothing_received_is_lost(
     faulty_target: str, tmp_path: Path
 ):
     folder = tmp_path / "run"
-    run(
+    res = run(
         "fairsim-bench",
         f"target.url={faulty_target}",
         "target.stall_timeout=1",
         *six_requests(tmp_path),
         "progress=false",
         f"hydra.run.dir={folder}",
+        check=False,
     )
+    # 4 of 6 failed: the folder is written, the command says so and exits 4
+    assert res.returncode == 4, res.stderr
+    warning, verdict = res.stderr.strip().splitlines()[-2:]
+    assert warning.startswith("fairsim-bench: 4 of 6 requests failed (") and "stalled" in warning
+    assert "67% of requests failed, more than target.max_failed_share=0.1" in verdict
+    assert json.loads((folder / "job.json").read_text())["status"] == "completed"
     requests = pd.read_parquet(folder / "requests.parquet").set_index("request_id")
     tokens = pd.read_parquet(folder / "tokens.parquet")
     received = tokens.groupby("request_id").size().reindex(requests.index, fill_value=0)
@@ -159,3 +166,17 @@ def test_a_bad_target_setting_names_the_key(tmp_path: Path):
     res = run("fairsim-bench", "+target.concurrency=3", folder, check=False)
     assert res.returncode == 2
     assert "target.concurrency" in res.stderr and "max_concurrency" in res.stderr
+
+
+def test_a_tolerated_share_of_failures_warns_and_exits_0(faulty_target: str, tmp_path: Path):
+    folder = tmp_path / "run"
+    res = run(
+        "fairsim-bench",
+        f"target.url={faulty_target}",
+        "target.stall_timeout=1",
+        "target.max_failed_share=0.7",
+        *six_requests(tmp_path),
+        "progress=false",
+        f"hydra.run.dir={folder}",
+    )
+    assert "fairsim-bench: 4 of 6 requests failed" in res.stderr.strip().splitlines()[-1]

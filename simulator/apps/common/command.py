@@ -5,6 +5,7 @@
 | 0 | done |
 | 2 | an input error: the line names the key, file, row or field and what is accepted |
 | 3 | an internal error (a bug): the line says so; the traceback is in the run folder's job.json |
+| 4 | a measurement failed: its folder is written, but too many requests failed (fairsim-bench) |
 | 130 / 143 | interrupted by SIGINT (Ctrl-C) / SIGTERM; the run folder is marked interrupted |
 | 141 | the output's reader went away (`... | head`) |
 
@@ -39,6 +40,7 @@ from traces.schema import TraceError
 
 EXIT_INPUT_ERROR = 2
 EXIT_INTERNAL_ERROR = 3
+EXIT_MEASUREMENT_FAILED = 4
 TRACEBACK_SWITCHES = ("FAIRSIM_TRACEBACK", "HYDRA_FULL_ERROR")
 INPUT_ERRORS = (ConfigError, TraceError, CostModelError)
 # an example value for each mandatory (`???`) key of conf/

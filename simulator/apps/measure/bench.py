@@ -12,18 +12,24 @@ no engine steps (`fairsim-calibrate` infers them).
 from __future__ import annotations
 
 import logging
+import sys
+from collections import Counter
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import hydra
 import numpy as np
+import pandas as pd
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from simulator.api.config_check import build_block
 from simulator.api.run import build_trace, qoe_setup, score_qoe, write_run_with_qoe
 from simulator.apps.common import hydra_jobs
+from simulator.apps.common.command import EXIT_MEASUREMENT_FAILED
 from simulator.apps.common.event_loop import run_loop
 from simulator.apps.common.tokenizer import load_tokenizer
 from simulator.apps.measure.bench_client import Received, Replay, TargetConfig, preflight
@@ -123,7 +129,8 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
     return outputs.summary
 
 
-def _run(cfg: DictConfig, out_dir: str) -> None:
+def _run(cfg: DictConfig, out_dir: str) -> float:
+    """Measure and print the results; returns the share of requests that failed."""
     summary = bench(cfg, out_dir)
     rows = cfg.get("console_rows", DEFAULT_ROWS)
     print(format_summary(summary, rows))
@@ -133,12 +140,37 @@ def _run(cfg: DictConfig, out_dir: str) -> None:
         print()
         print(format_qoe(summary, rows))
     print(f"run folder: {out_dir}")
+    failed, total = summary["status_counts"]["failed"], summary["requests"]
+    if failed:
+        reasons = "; ".join(
+            f"{n} {reason}" for reason, n in failed_reasons(Path(out_dir)).most_common(3)
+        )
+        print(
+            f"fairsim-bench: {failed} of {total} requests failed ({reasons}); the latency and "
+            f"fairness figures describe the {summary['status_counts']['completed']} that completed",
+            file=sys.stderr,
+        )
+    return failed / total if total else 0.0
+
+
+def failed_reasons(folder: Path) -> Counter[str]:
+    requests = pd.read_parquet(folder / "requests.parquet", columns=["status", "reason"])
+    return Counter(requests.loc[requests["status"] == "failed", "reason"].astype(str))
 
 
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="bench")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
-    hydra_jobs.run_job("fairsim-bench", cfg, out_dir, lambda: _run(cfg, out_dir))
+    failed: list[float] = []
+    hydra_jobs.run_job("fairsim-bench", cfg, out_dir, lambda: failed.append(_run(cfg, out_dir)))
+    allowed = float(cfg.target.get("max_failed_share", 0.1))
+    if failed and failed[0] > allowed and HydraConfig.get().mode != RunMode.MULTIRUN:
+        print(
+            f"fairsim-bench: the measurement failed: {failed[0]:.0%} of requests failed, more "
+            f"than target.max_failed_share={allowed} allows (exit {EXIT_MEASUREMENT_FAILED})",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_MEASUREMENT_FAILED)
 
 
 def main() -> None:

@@ -71,6 +71,7 @@ class TargetConfig:
     connect_timeout: float = 10.0
     time_scale: float = 1.0  # the target's time runs this many times faster than real time
     tokenizer: str | None = None  # "module:function": text -> token count or ids
+    max_failed_share: float = 0.1  # more failed requests than this: exit status 4
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -83,6 +84,7 @@ class TargetConfig:
             ("stall_timeout", self.stall_timeout > 0, "a number of seconds > 0"),
             ("connect_timeout", self.connect_timeout > 0, "a number of seconds > 0"),
             ("time_scale", self.time_scale > 0, "a number > 0"),
+            ("max_failed_share", 0 <= self.max_failed_share <= 1, "a share from 0 to 1"),
         )
         for name, ok, accepted in checks:
             if not ok:
