@@ -158,6 +158,7 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
         (["engine.pool_tokens=10k"], "engine.pool_tokens='10k': expected an integer"),
         (["seed=abc"], "seed='abc': expected an integer"),
         (["+policy.speed=2"], "policy.speed: not a setting of policies.VTC; accepted: ["),
+        (["+seeed=3"], "seeed: not a setting of this command; accepted: ['cluster', "),
         (["cost_model=table"], "cost_model.path has no value; give one, e.g. cost_model.path="),
         (["workload=mooncake"], "workload.path has no value; give one, e.g. workload.path="),
         (["workload.duration=0"], "duration must be > 0"),

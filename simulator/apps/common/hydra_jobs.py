@@ -33,6 +33,7 @@ from simulator.apps.common.command import (
     run_command,
     signals_interrupt,
 )
+from simulator.core.errors import ConfigError
 from simulator.report.run_folder import (
     STATUS_FILE,
     config_digest,
@@ -58,6 +59,7 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
     try:
         with signals_interrupt():  # a sweep's worker process marks its job too
             mark_running(out_dir, digest)
+            check_added_keys(cfg)
             check_config(cfg)
             job()
     except (KeyboardInterrupt, Interrupted) as err:
@@ -72,6 +74,22 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
         print(f"{prog}: job failed: {line} (recorded in {out_dir}/{STATUS_FILE})", file=sys.stderr)
     else:
         mark_completed(out_dir, digest)
+
+
+def check_added_keys(cfg: DictConfig) -> None:
+    """A `+key=value` that adds a top-level key is refused: no command reads a key its config
+    does not declare, so it would be ignored silently (`+seeed=3`). Keys added inside a block
+    (`+workload.clients.0.arrival.cv=3`) are checked against what the block builds; `+group=x`
+    selects a config group."""
+    groups = HydraConfig.get().runtime.choices
+    for override in HydraConfig.get().overrides.task:
+        if not override.startswith("+") or override.startswith("++"):
+            continue
+        key = override[1:].split("=", 1)[0]
+        if "." in key or "/" in key or key in groups:
+            continue
+        accepted = sorted(k for k in cfg if k != key and k != "hydra")
+        raise ConfigError(f"{key}: not a setting of this command; accepted: {accepted}")
 
 
 def record_failure(folder: str | Path, err: BaseException, digest: str) -> None:
