@@ -88,7 +88,7 @@ def check_added_keys(cfg: DictConfig) -> None:
         key = override[1:].split("=", 1)[0]
         if "." in key or "/" in key or key in groups:
             continue
-        accepted = sorted(k for k in cfg if k != key and k != "hydra")
+        accepted = sorted(str(k) for k in cfg if k not in (key, "hydra"))
         raise ConfigError(f"{key}: not a setting of this command; accepted: {accepted}")
 
 
