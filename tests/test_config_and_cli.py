@@ -153,7 +153,20 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
     ("args", "message"),
     [
         (["policy=nope"], "policy=nope: no such config; accepted: andes, dlpm, drr, fairserve"),
-        (["no_such_key=1"], "Could not override 'no_such_key'"),
+        (["no_such_key=1"], "no_such_key: not a setting of fairsim; accepted: ['cluster', "),
+        (
+            ["engine.pool_token=1000"],
+            "engine.pool_token: not a setting of engine (did you mean engine.pool_tokens?); "
+            "accepted: ['batch_max_tokens', ",
+        ),
+        (
+            ["policy=vtc", "policy.limit=20"],
+            "; limit is a setting of policy=rpm, policy=rpm_interaction",
+        ),
+        (
+            ["workload.clients.0.rat=3"],
+            "workload.clients.0.rat: not a setting of workload.clients.0; accepted: ['arrival', ",
+        ),
         (["engine.pool_tokens=-5"], "engine.pool_tokens must be an integer >= 1"),
         (["engine.pool_tokens=10k"], "engine.pool_tokens='10k': expected an integer"),
         (["seed=abc"], "seed='abc': expected an integer"),

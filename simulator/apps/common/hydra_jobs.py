@@ -12,6 +12,8 @@ for the same configuration digest. At the end, `SweepReport` prints the counts, 
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
 import traceback
 from collections import Counter
@@ -21,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -151,8 +154,46 @@ def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
             for sweep_dir in _SWEEPS_STARTED:
                 mark_orphaned_jobs(sweep_dir, name)
             raise
+        except ConfigCompositionException as err:
+            found = re.match(r"Could not override '([^']+)'", str(err))
+            message = unknown_key_message(prog, found.group(1)) if found else None
+            if message is None:
+                raise
+            raise ConfigError(message) from None
 
     run_command(prog, entry)
+
+
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"  # the `conf` package
+COMMAND_CONFIGS = {"fairsim": "config", "fairsim-serve": "serve", "fairsim-bench": "bench",
+                   "fairsim-capacity": "capacity"}  # fmt: skip
+
+
+def unknown_key_message(prog: str, key: str) -> str | None:
+    """For `key=value` naming no setting: the settings of its block (composed from the same
+    command line without it), the closest one, and the other configs of the group that have
+    such a setting (`policy.limit` belongs to `policy=rpm`). None if it cannot be told."""
+    args = [a for a in sys.argv[1:] if not a.startswith("-") and not a.startswith(f"{key}=")]
+    parent, _, leaf = key.rpartition(".")
+    try:
+        from simulator.api.run import compose_config
+
+        cfg = compose_config(args, COMMAND_CONFIGS[prog])
+        block = OmegaConf.select(cfg, parent) if parent else cfg
+    except Exception:  # noqa: BLE001 - any failure: keep Hydra's own message
+        return None
+    if not isinstance(block, DictConfig):
+        return None
+    settings = sorted(str(k) for k in block if k not in ("_target_", "hydra"))
+    close = difflib.get_close_matches(leaf, settings, n=1)
+    hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+    owners = sorted(
+        f"{parent}={f.stem}"
+        for f in (CONF_DIR / parent).glob("*.yaml")
+        if parent and "." not in parent and leaf in (OmegaConf.load(f) or {})
+    )
+    elsewhere = f"; {leaf} is a setting of {', '.join(owners)}" if owners else ""
+    return f"{key}: not a setting of {parent or prog}{hint}; accepted: {settings}{elsewhere}"
 
 
 class SweepReport(Callback):
