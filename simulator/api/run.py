@@ -19,6 +19,7 @@ import numpy as np
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import MissingConfigException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -306,7 +307,14 @@ def compare_with_policy(
     figures and throughput, for the side-by-side printout. Under `global_vtc` a policy without
     per-client counters shares one queue across the replicas instead (`central`). `spill`:
     where a large run's step records go (they are not kept)."""
-    policy = instantiate(compose_config([f"policy={policy_name}"]).policy, _convert_="all")
+    try:
+        composed = compose_config([f"policy={policy_name}"])
+    except MissingConfigException as err:
+        accepted = ", ".join(sorted(err.options or []))
+        raise ConfigError(
+            f"compare_with={policy_name}: no such policy; accepted: {accepted}, or null"
+        ) from None
+    policy = instantiate(composed.policy, _convert_="all")
     if cluster is not None and cluster.dispatcher == "global_vtc":
         shares = isinstance(policy, CounterPolicy)
         cluster = cluster if shares else dataclasses.replace(cluster, dispatcher="central")
