@@ -178,10 +178,19 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
         (["workload.duration=0"], "duration must be > 0"),
         (["slos=[{metric: latency, percentile: 0.9, value: 1}]"], "slos[0], field 'metric'"),
         (["seed=[1"], "no viable alternative at input '[1'"),
+        (
+            ["hydra.run.dir=/proc/nope"],
+            "hydra.run.dir=/proc/nope: cannot make the run folder there",
+        ),
     ],
 )
 def test_cli_input_errors_are_one_line_naming_the_key_with_exit_status_2(tmp_path, args, message):
-    res = fairsim(*args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    run_dir = (
+        []
+        if any(a.startswith("hydra.run.dir") for a in args)
+        else [f"hydra.run.dir={tmp_path}/run"]
+    )
+    res = fairsim(*args, *run_dir, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("fairsim: error: "), res.stderr

@@ -154,6 +154,15 @@ def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
             for sweep_dir in _SWEEPS_STARTED:
                 mark_orphaned_jobs(sweep_dir, name)
             raise
+        except OSError as err:
+            for setting in ("hydra.run.dir", "hydra.sweep.dir"):
+                given = next((a.split("=", 1)[1] for a in sys.argv if a.startswith(setting)), None)
+                if given and err.filename and str(err.filename).startswith(given):
+                    raise ConfigError(
+                        f"{setting}={given}: cannot make the run folder there "
+                        f"({err.strerror or err}); accepted: a folder you can write to"
+                    ) from None
+            raise
         except ConfigCompositionException as err:
             found = re.match(r"Could not override '([^']+)'", str(err))
             message = unknown_key_message(prog, found.group(1)) if found else None
