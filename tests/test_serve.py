@@ -268,7 +268,8 @@ def test_a_client_that_disconnects_aborts_its_request(server: Server):
         return got
 
     assert asyncio.run(leave_early()) == 3
-    server.stop()
+    console = server.stop()
+    assert "Traceback" not in console and "Error" not in console, console  # not a server fault
     requests = pd.read_parquet(server.folder / "requests.parquet")
     (row,) = requests.itertuples()
     assert (row.status, row.reason) == ("rejected", "aborted")

@@ -562,7 +562,9 @@ async def _stream(
             )
         await _send_event(response, "[DONE]")
         stream.outcome = "completed"
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:  # the client went away: its request is aborted, not an error
+        stream.outcome = "disconnected"
+    except asyncio.CancelledError:
         stream.outcome = "disconnected"
         raise
     return response
