@@ -103,3 +103,12 @@ def test_the_committed_report_lists_every_published_number_of_tables_2_to_6():
     assert sum(r["what"].startswith("Table ") and "seed varied" not in r["what"]
                for r in rows) == expected  # fmt: skip
     assert "replications" in DOCS.read_text().split("\n\n")[1]
+
+
+def test_table_without_the_vtc_tables_section_is_an_input_error_not_ignored(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ended:
+        validation.main(["--section", "etalon", "--table", "5", "--out", str(tmp_path / "v.md")])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--table chooses VTC tables" in err[0]
+    assert not (tmp_path / "v.md").exists()

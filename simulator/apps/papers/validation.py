@@ -592,6 +592,11 @@ def _main(argv: list[str] | None) -> None:
     if n < 2:
         raise ConfigError(f"--replications must be >= 2, got {n}")
     chosen = args.section or SECTIONS
+    if args.table and "vtc-tables" not in chosen:
+        raise ConfigError(
+            f"--table chooses VTC tables, which only the vtc-tables section has; the sections "
+            f"chosen: {', '.join(chosen)}; add --section vtc-tables or leave --table out"
+        )
     plans = []
     if "vtc-tables" in chosen:
         plans.append(vtc_tables_section(n, args.table))
