@@ -206,3 +206,13 @@ def test_the_python_api_keeps_its_old_import_path():
     for name in old.__all__:
         assert getattr(old, name) is getattr(api, name), name
     assert old.__all__ == api.__all__
+
+
+@pytest.mark.integration
+def test_the_first_line_says_what_runs(tmp_path):
+    res = fairsim("policy=fcfs", "seed=4", "workload.duration=2", f"hydra.run.dir={tmp_path}/run",
+                  cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith("fairsim: policy=fcfs workload=") and first.endswith(" seed=4")
+    assert " engine=slora cost_model=" in first

@@ -39,6 +39,17 @@ def test_tables_show_the_busiest_clients_up_to_the_cap_and_say_how_many_more():
     assert "... 35 more clients" in fairness
 
 
+def test_clients_are_listed_in_natural_order_in_every_table():
+    summary = summary_of(random_trace(4, 300, 12, 200, 50, 20.0))
+    clients = [c for c in summary["latency"] if c != "all"]
+    natural = [f"c{k}" for k in range(12)]  # the trace names them in a shuffled order
+    assert sorted(clients) == sorted(natural)
+    rows = [line.split()[0] for line in format_summary(summary).splitlines() if line.strip()]
+    assert [r for r in rows if r in clients] == natural
+    fairness = format_fairness(summary).splitlines()
+    assert [line.split()[1] for line in fairness if line.startswith("service ")] == natural
+
+
 def test_long_client_names_keep_the_columns_aligned():
     n = 60
     trace = Trace.from_columns(

@@ -1,11 +1,12 @@
 """Console tables of a run: the per-client summary, replicas, fairness beside a comparison, QoE.
 
-Per-client tables show at most `max_rows` clients (the busiest, in the run's client order) and
+Per-client tables show at most `max_rows` clients (the busiest, in natural order) and
 say how many more there are; `max_rows=None` shows every client. The run folder holds them all.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 DEFAULT_ROWS = 20
@@ -15,10 +16,15 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return "-" if x is None or x != x else f"{x:.{digits}f}"
 
 
+def natural_key(name: str) -> list[Any]:
+    """Sort key that reads digits as numbers: client2 before client10."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)]
+
+
 def shown_clients(requests_per_client: dict[str, int], max_rows: int | None) -> list[str]:
-    """The clients a table shows: all, or the `max_rows` with the most requests (ties: the
-    first), kept in the run's order."""
-    names = list(requests_per_client)
+    """The clients a table shows, in natural order (client2 before client10): all, or the
+    `max_rows` with the most requests (ties: the first in that order)."""
+    names = sorted(requests_per_client, key=natural_key)
     if max_rows is None or len(names) <= max_rows:
         return names
     busiest = sorted(names, key=lambda c: -requests_per_client[c])[:max_rows]

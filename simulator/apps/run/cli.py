@@ -25,7 +25,16 @@ def _main(cfg: DictConfig) -> None:
     hydra_jobs.run_job("fairsim", cfg, out_dir, lambda: _run(cfg, out_dir))
 
 
+def what_runs(cfg: DictConfig) -> str:
+    """One line naming the configs that run (as Hydra chose them) and the seed."""
+    choices = HydraConfig.get().runtime.choices
+    groups = ("policy", "workload", "engine", "cost_model", "cluster")
+    chosen = " ".join(f"{g}={choices[g]}" for g in groups if choices.get(g))
+    return f"fairsim: {chosen} seed={cfg.get('seed')}"
+
+
 def _run(cfg: DictConfig, out_dir: str) -> None:
+    print(what_runs(cfg), flush=True)
     if int(cfg.get("replications") or 1) > 1:
         result = run_replications(cfg, out_dir)
         print(format_replications(result))
