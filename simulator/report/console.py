@@ -97,7 +97,7 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"interactions: throttled {summary['throttled_interactions']} "
             f"({summary['throttled_requests']} calls), wasted prompt tokens "
             f"{summary['wasted_tokens']}, completed {inter['service_provided']} of "
-            f"{inter['interactions_ended']} ended, completion time mean {_fmt(lat['mean'])}",
+            f"{inter['interactions_ended']} ended, completion time mean {_fmt(lat['mean'])} s",
         )
     return "\n".join(lines)
 
@@ -156,7 +156,9 @@ def format_fairness(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS
         cells = "".join(f"{_fmt(f[key], digits):>{width}}" for _, f in runs)
         lines.append(f"{label:<{label_width}}" + cells)
     lines.append(
-        "Max/Avg Diff: the paper's service difference over 60 s windows (docs/metrics.md §4)"
+        "service: prompt tokens x w_p + output tokens x w_q (VTC's price); Max/Avg Diff: the "
+        "largest/mean gap in service rate between backlogged clients over 60 s windows "
+        "(docs/metrics.md §4); Jain index: 1 = equal service"
     )
     return "\n".join(lines)
 
@@ -178,6 +180,10 @@ def format_qoe(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS) -> 
     f = q["fluidity"]
     lines.append(f"  {'all':<{width}} mean {_fmt(f['mean'])}  p10 {_fmt(f['p10'])}")
     lines.append(f"fluid token generation rate: {_fmt(q['fluid_token_rate'], 1)} tokens/s")
+    lines.append(
+        "fluidity-index: the share of a request's tokens that met their deadlines, D_p for "
+        "the first token, D_d for each later one (1 = every token on time; Etalon's metric)"
+    )
     return "\n".join(lines)
 
 
