@@ -248,3 +248,13 @@ def test_seed_intervals_are_bootstrap_intervals_of_the_mean():
     width = got.ci_high - got.ci_low
     assert width["noisy"] > 10 * width["calm"], "the interval widens with the spread"
     assert np.isnan(got.loc["lone", "ci_low"]) and got.loc["lone", "seeds"] == 1
+
+
+def test_a_display_setting_does_not_make_a_resumed_sweep_run_again(tmp_path):
+    """`console_rows` (like `progress`) changes what is printed, not what runs: the job folder
+    and the configuration digest leave it out."""
+    assert sweep(tmp_path, "policy=fcfs").returncode == 0
+    again = sweep(tmp_path, "policy=fcfs", "console_rows=3")
+    assert again.returncode == 0, again.stderr
+    assert "skipped, already completed" in again.stdout
+    assert set(jobs(tmp_path)) == {"policy=fcfs,workload.duration=8/seed=0"}

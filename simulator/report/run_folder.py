@@ -52,9 +52,16 @@ class RunOutputs:
     counters: pd.DataFrame | None = None  # counters.parquet, for policies with counters
 
 
+# top-level keys that change what is printed, not what is run or written: a sweep resumed
+# with `progress=false` still skips the jobs it completed
+DISPLAY_ONLY_KEYS = ("progress", "console_rows")
+
+
 def config_digest(config: dict[str, Any]) -> str:
-    """A stable hash of the resolved configuration (sorted-key JSON)."""
-    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    """A stable hash of the resolved configuration (sorted-key JSON), display-only keys left
+    out."""
+    kept = {k: v for k, v in config.items() if k not in DISPLAY_ONLY_KEYS}
+    blob = json.dumps(kept, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
