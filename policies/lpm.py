@@ -34,7 +34,8 @@ replica, so behind a dispatcher these need a per-replica queue.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from itertools import chain
 
 from policies.base import BasePolicy
 from policies.drr import DRR
@@ -65,17 +66,22 @@ class PrefixAware:
             )
         self.cache = view
 
-    def by_match(self, queue: WaitingQueue) -> list[int]:
+    def by_match(self, queue: WaitingQueue) -> Iterator[int]:
         """The oldest WINDOW waiting requests, longest cached prefix first, ties in arrival
-        order (then the rest, in arrival order)."""
+        order; then the rest, in arrival order, listed only if the caller gets that far."""
         if self.cache is None:
             raise ConfigError(
                 f"policy {self.name} needs a prefix cache: engine=vllm (enable_prefix_caching)"
             )
         cached = self.cache.cached_tokens
-        oldest = queue.in_order(WINDOW)
-        ranked = sorted(oldest, key=lambda req: -cached(req))  # stable
-        return ranked if len(queue) <= WINDOW else ranked + queue.in_order()[WINDOW:]
+        ranked = sorted(queue.in_order(WINDOW), key=lambda req: -cached(req))  # stable
+        return chain(ranked, _after_window(queue))
+
+
+def _after_window(queue: WaitingQueue) -> Iterator[int]:
+    """The waiting requests past the oldest WINDOW, in arrival order (listed when asked for)."""
+    if len(queue) > WINDOW:
+        yield from queue.in_order()[WINDOW:]
 
 
 class LPM(PrefixAware, BasePolicy):
@@ -86,8 +92,7 @@ class LPM(PrefixAware, BasePolicy):
         self.cache = None
 
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
-        ranked = self.by_match(queue) if len(queue) else []
-        return ranked[0] if ranked else None
+        return next(self.by_match(queue), None) if len(queue) else None
 
     def admit(self, req: int, now: float, fits: bool) -> Admission:
         return Verdict.ADMIT if fits else Verdict.WAIT

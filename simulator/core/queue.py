@@ -7,15 +7,23 @@ Policies read it (`oldest`, `head`, `waiting_clients`) and the engine removes wh
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
+from itertools import islice
+
+# removed requests the global order may hold before it is rebuilt without them: a scan for the
+# oldest `limit` waiting requests skips at most this many, and a rebuild costs a pass over the
+# queue only once per this many removals
+MAX_HOLES = 1024
 
 
 class WaitingQueue:
     def __init__(self, client_of: list[int]) -> None:
         self._client_of = client_of
         self._lanes: dict[int, deque[int]] = {}
-        self._heap: list[int] = []  # sequence numbers of waiting requests (and removed ones)
+        # sequence numbers in ascending order: push appends a larger one, push_front prepends
+        # a smaller one; removed requests leave holes (numbers no longer in _request)
+        self._order: deque[int] = deque()
+        self._holes = 0
         self._request: dict[int, int] = {}  # sequence number -> request, while it waits
         self._seq: dict[int, int] = {}  # request -> its sequence number, while it waits
         self._back = 0  # next sequence number at the back (push)
@@ -43,16 +51,23 @@ class WaitingQueue:
     def _enter(self, req: int, seq: int) -> None:
         if req in self._seq:
             raise ValueError(f"request {req} is already waiting")
-        heapq.heappush(self._heap, seq)
+        if seq < 0:
+            self._order.appendleft(seq)
+        else:
+            self._order.append(seq)
         self._request[seq] = req
         self._seq[req] = seq
 
     def oldest(self) -> int | None:
         """The earliest waiting request over all clients (FCFS order)."""
-        heap = self._heap
-        while heap and heap[0] not in self._request:
-            heapq.heappop(heap)  # removed earlier
-        return self._request[heap[0]] if heap else None
+        self._drop_leading_holes()
+        return self._request[self._order[0]] if self._order else None
+
+    def _drop_leading_holes(self) -> None:
+        order = self._order
+        while order and order[0] not in self._request:
+            order.popleft()
+            self._holes -= 1
 
     def head(self, client: int) -> int | None:
         lane = self._lanes.get(client)
@@ -62,9 +77,11 @@ class WaitingQueue:
         return bool(self._lanes.get(client))
 
     def in_order(self, limit: int | None = None) -> list[int]:
-        """The waiting requests in queue order (FCFS): all, or the first `limit`."""
-        seqs = sorted(self._request) if limit is None else heapq.nsmallest(limit, self._request)
-        return [self._request[seq] for seq in seqs]
+        """The waiting requests in queue order (FCFS): all, or the first `limit` (in time
+        proportional to `limit`, not to the queue: LPM asks for the oldest 128 at every pick)."""
+        self._drop_leading_holes()
+        waiting = (self._request[seq] for seq in self._order if seq in self._request)
+        return list(waiting if limit is None else islice(waiting, limit))
 
     def waiting_clients(self) -> list[int]:
         """Clients with at least one waiting request, in client-index order."""
@@ -88,3 +105,7 @@ class WaitingQueue:
                 ) from None
         del self._request[self._seq.pop(req)]
         self.last_left_client = client
+        self._holes += 1
+        if self._holes > MAX_HOLES:
+            self._order = deque(seq for seq in self._order if seq in self._request)
+            self._holes = 0
