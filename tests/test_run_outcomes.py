@@ -111,12 +111,19 @@ def test_the_traceback_switch_prints_the_whole_traceback(tmp_path):
     assert res.stderr.rstrip().splitlines()[-1].startswith("fairsim: internal error")
 
 
-def test_an_input_error_marks_the_folder_failed_as_an_input_error(tmp_path):
-    res = fairsim("engine.pool_tokens=-5", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+def test_an_input_error_leaves_no_folder_behind(tmp_path):
+    """A mistyped command is refused before anything is written: the console line is the
+    record, and neither the run folder nor the `outputs/<date>/` it made is left behind (a
+    sweep keeps its failed jobs' folders: tests/test_sweep.py)."""
+    res = fairsim("engine.pool_tokens=-5", cwd=tmp_path)  # the default run folder, outputs/...
     assert res.returncode == 2
-    failed = status(tmp_path / "run")
-    assert failed["status"] == "failed" and failed["kind"] == "input error"
-    assert "engine.pool_tokens must be an integer >= 1" in failed["error"]
+    assert "engine.pool_tokens must be an integer >= 1" in res.stderr
+    assert list(tmp_path.iterdir()) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    res = fairsim("engine.pool_tokens=-5", f"hydra.run.dir={mine}/run", cwd=tmp_path)
+    assert res.returncode == 2 and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.parametrize(("signum", "exit_status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

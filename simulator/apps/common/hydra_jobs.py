@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shutil
 import sys
 import traceback
 from collections import Counter
@@ -72,11 +73,30 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
     except Exception as err:
         record_failure(out_dir, err, digest)
         if not multirun:
+            if input_error_message(err) is not None:
+                discard_if_unused(Path(out_dir))
             raise RunFailed(out_dir, err) from err
         line = input_error_message(err) or f"internal error: {type(err).__name__}: {err}"
         print(f"{prog}: job failed: {line} (recorded in {out_dir}/{STATUS_FILE})", file=sys.stderr)
     else:
         mark_completed(out_dir, digest)
+
+
+BOOKKEEPING = (STATUS_FILE, ".hydra")  # and Hydra's job log, `<command>.log`
+
+
+def discard_if_unused(folder: Path) -> None:
+    """A single run refused for its input before it wrote anything leaves no folder behind
+    (the console line says what was wrong): the folder goes, and so do the parents it leaves
+    empty inside the working directory (`outputs/<date>/`)."""
+    if any(p.name not in BOOKKEEPING and p.suffix != ".log" for p in folder.iterdir()):
+        return  # something was written: the folder stays, marked failed
+    shutil.rmtree(folder, ignore_errors=True)
+    here = Path.cwd().resolve()
+    parent = folder.resolve().parent
+    while parent != here and here in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
 
 
 def check_added_keys(cfg: DictConfig) -> None:
