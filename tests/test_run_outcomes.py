@@ -286,3 +286,24 @@ def test_orphaned_jobs_are_the_running_ones_whose_process_on_this_host_has_ended
         "worker_pid": ended_pid,
     }
     assert all(after[n]["status"] == jobs[n]["status"] for n in jobs if n != "orphan")
+
+
+def test_a_stopped_run_leaves_no_spilled_records_or_half_written_files(tmp_path):
+    """A run too large for memory spills its step records to `.spill/` as it goes (here a
+    1 MB budget forces it); stopped, it removes them and any `*.tmp` not yet renamed."""
+    run = tmp_path / "run"
+    args = ["workload.duration=3000", "memory_budget_mb=1", "progress=false",
+            "compare_with=null", f"hydra.run.dir={run}"]  # fmt: skip
+    proc = start(args, tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / ".spill").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (run / ".spill").exists(), "the run spills"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert status(run)["status"] == "interrupted"
+    assert not (run / ".spill").exists() and not list(run.rglob("*.tmp"))

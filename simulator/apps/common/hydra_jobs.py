@@ -68,6 +68,7 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
             job()
     except (KeyboardInterrupt, Interrupted) as err:
         name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
+        discard_temporaries(Path(out_dir))
         mark_status(out_dir, "interrupted", config_digest=digest, signal=name)
         raise
     except Exception as err:
@@ -97,6 +98,14 @@ def discard_if_unused(folder: Path) -> None:
     while parent != here and here in parent.parents and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
+
+
+def discard_temporaries(folder: Path) -> None:
+    """What a stopped run leaves half-made: the step records a large run spills (`.spill/`)
+    and files not yet renamed into place (`*.tmp`). No run resumes from them."""
+    shutil.rmtree(folder / ".spill", ignore_errors=True)
+    for partial in folder.rglob("*.tmp"):
+        partial.unlink(missing_ok=True)
 
 
 def check_added_keys(cfg: DictConfig) -> None:
