@@ -258,3 +258,15 @@ def test_a_display_setting_does_not_make_a_resumed_sweep_run_again(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "skipped, already completed" in again.stdout
     assert set(jobs(tmp_path)) == {"policy=fcfs,workload.duration=8/seed=0"}
+
+
+def test_a_sweep_job_prints_one_line_and_runs_no_comparison_unless_asked(tmp_path):
+    plain = sweep(tmp_path / "plain", "policy=vtc")
+    assert plain.returncode == 0, plain.stderr
+    lines = [line for line in plain.stdout.splitlines() if line.startswith("fairsim: job done")]
+    assert len(lines) == 1 and "requests completed" in lines[0] and "per client" not in plain.stdout
+    job = tmp_path / "plain" / "policy=vtc,workload.duration=8/seed=0"
+    assert "comparison" not in json.loads((job / "summary.json").read_text())
+    assert sweep(tmp_path / "asked", "policy=vtc", "compare_with=fcfs").returncode == 0
+    job = tmp_path / "asked" / "compare_with=fcfs,policy=vtc,workload.duration=8/seed=0"
+    assert json.loads((job / "summary.json").read_text())["comparison"]["policy"] == "fcfs"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from simulator.api.run import run_config
@@ -33,14 +36,33 @@ def what_runs(cfg: DictConfig) -> str:
     return f"fairsim: {chosen} seed={cfg.get('seed')}"
 
 
+def job_line(summary: dict[str, Any], out_dir: str) -> str:
+    """A sweep job's result in one line: requests served, throughput, fairness."""
+    counts, fairness = summary["status_counts"], summary.get("fairness", {})
+    diff = fairness.get("max_diff")
+    return (
+        f"fairsim: job done: {counts['completed']} of {summary['requests']} requests completed, "
+        f"{summary['throughput_tokens_per_s']:.1f} tokens/s, Max Diff "
+        f"{'-' if diff is None else f'{diff:.2f}'} tok/s; {out_dir}"
+    )
+
+
 def _run(cfg: DictConfig, out_dir: str) -> None:
-    print(what_runs(cfg), flush=True)
+    sweep_job = HydraConfig.get().mode == RunMode.MULTIRUN  # one line per job, nothing more
+    if not sweep_job:
+        print(what_runs(cfg), flush=True)
+    elif not any(o.startswith("compare_with=") for o in HydraConfig.get().overrides.task):
+        cfg.compare_with = None  # a sweep compares its jobs; a second policy each doubles the work
     if int(cfg.get("replications") or 1) > 1:
         result = run_replications(cfg, out_dir)
         print(format_replications(result))
         print(f"run folders: {out_dir}/replication=<i>; statistics: {out_dir}/{FILE}")
         return
-    _, outputs = run_config(cfg, out_dir, StreamingReporter() if cfg.get("progress") else None)
+    progress = StreamingReporter() if cfg.get("progress") and not sweep_job else None
+    _, outputs = run_config(cfg, out_dir, progress)
+    if sweep_job:  # the tables are in the job's folder; fairsim-aggregate gathers them
+        print(job_line(outputs.summary, out_dir))
+        return
     rows = cfg.get("console_rows", DEFAULT_ROWS)
     print(format_summary(outputs.summary, rows))
     print()
