@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,8 +131,7 @@ def run_config(
     with phase("load"):
         trace = build_trace(cfg)
         policy, cost, engine, cluster = instantiate_parts(cfg)
-        raw_slos = cfg.get("slos")
-        slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
+        slos = config_slos(cfg)
         unfit_counts = unfit(trace, engine, cost)
     if unfit_counts:
         counts = ", ".join(f"{n} {reason}" for reason, n in unfit_counts.items())
@@ -196,6 +195,36 @@ def token_budget(cfg: DictConfig) -> int:
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0:
         raise ConfigError(f"memory_budget_mb must be a number of megabytes > 0, got {budget!r}")
     return max(1, int(budget * 2**20 / BYTES_PER_TOKEN))
+
+
+def config_slos(cfg: DictConfig) -> list[SLO]:
+    """The config's `slos:` list, each entry checked."""
+    raw = cfg.get("slos")
+    return parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
+
+
+def write_scored_run(
+    timeline: Timeline,
+    out_dir: str | Path,
+    cfg: DictConfig,
+    engine_parts: Callable[[], tuple[StepCostModel, EngineConfig]],
+    check_rate: bool = True,
+) -> RunOutputs:
+    """The run folder of a timeline made outside `run_config` (a live session, a measured
+    run), scored as `run_config` scores one: QoE, SLOs and the Veeksha files, if the config
+    asks. `engine_parts` gives the cost model and engine the QoE deadlines are read from (only
+    called then); `check_rate=False` skips Veeksha's check of the arrivals against the
+    workload's rate (clients chose them). Left marked running, for the caller to finish."""
+    resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    setup = None
+    if cfg.get("qoe") and len(timeline.arrival):
+        setup = qoe_setup(cfg, *engine_parts(), config_slos(cfg))
+        if not check_rate:
+            setup = dataclasses.replace(setup, configured_rate=None)
+    with Worker(prepare_plots) if setup and setup.veeksha else nullcontext() as plots:
+        tables = run_tables(timeline)
+        qoe = score_qoe(setup, tables, out_dir, plots) if setup else None
+        return write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, plots)
 
 
 def qoe_setup(

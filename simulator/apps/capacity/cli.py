@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from simulator.api.prefill_profile import profile_prefill
-from simulator.api.run import instantiate_parts
+from simulator.api.run import config_slos, instantiate_parts
 from simulator.apps.capacity.searches import (
     SearchResult,
     etalon_search,
@@ -43,7 +43,7 @@ from simulator.engines import simulate
 from simulator.metrics import latency
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, request_values
-from simulator.metrics.slo import evaluate_slos, parse_slos
+from simulator.metrics.slo import evaluate_slos
 from simulator.report.run_folder import json_safe
 from traces.closed_loop import ClosedLoop
 from traces.schema import Trace
@@ -74,8 +74,7 @@ class SimulatedService:
             if self.qoe.ttft_deadline is None
             else None
         )
-        raw = cfg.get("slos")
-        self.slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
+        self.slos = config_slos(cfg)
 
     def _workload(self, workload: Any, cap: DictConfig) -> SyntheticWorkload | ClosedLoop:
         kind = type(workload).__name__

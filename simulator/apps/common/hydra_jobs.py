@@ -29,6 +29,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+import conf
 from simulator.api.config_check import check_config
 from simulator.apps.common.command import (
     Interrupted,
@@ -202,7 +203,7 @@ def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
     run_command(prog, entry)
 
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"  # the `conf` package
+CONF_DIR = Path(conf.__file__).parent
 COMMAND_CONFIGS = {"fairsim": "config", "fairsim-serve": "serve", "fairsim-bench": "bench",
                    "fairsim-capacity": "capacity"}  # fmt: skip
 

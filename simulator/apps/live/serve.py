@@ -11,24 +11,22 @@ clock), so the lag is measurable.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import hydra
 import numpy as np
 import pandas as pd
 from aiohttp import web
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from prometheus_client import CollectorRegistry
 
 from simulator.api.config_check import build_block
-from simulator.api.run import instantiate_parts, qoe_setup, score_qoe, write_run_with_qoe
+from simulator.api.run import instantiate_parts, write_scored_run
 from simulator.apps.common import hydra_jobs
 from simulator.apps.common.event_loop import run_loop
 from simulator.apps.common.tokenizer import load_tokenizer
@@ -42,10 +40,7 @@ from simulator.apps.live.server import (
 from simulator.core.errors import ConfigError
 from simulator.core.timeline import Timeline
 from simulator.engines.live import LiveSession
-from simulator.metrics.slo import parse_slos
-from simulator.report.background import Worker
-from simulator.report.run_folder import mark_completed, run_tables, write_parquet, write_summary
-from simulator.report.veeksha import prepare_plots
+from simulator.report.run_folder import mark_completed, write_parquet, write_summary
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -173,19 +168,9 @@ def write_folder(out_dir: str, cfg: DictConfig, session: LiveSession, live: Live
     for s in live.finished:
         ids[s.row] = s.client_request_id
     timeline.request_columns["client_request_id"] = ids  # X-Request-Id: joins a client's records
-    config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    setup = None
-    if cfg.get("qoe") and len(timeline.arrival):  # scored as an offline run is
-        raw_slos = cfg.get("slos")
-        slos = parse_slos(OmegaConf.to_container(raw_slos) if raw_slos else [])  # type: ignore[arg-type]
-        # the clients chose the arrivals: no configured rate to check them against
-        setup = dataclasses.replace(
-            qoe_setup(cfg, session.cost, session.engine, slos), configured_rate=None
-        )
-    with Worker(prepare_plots) if setup and setup.veeksha else contextlib.nullcontext() as plots:
-        tables = run_tables(timeline)
-        qoe = score_qoe(setup, tables, out_dir, plots) if setup else None
-        outputs = write_run_with_qoe(timeline, out_dir, config, tables, qoe, plots)
+    outputs = write_scored_run(
+        timeline, out_dir, cfg, lambda: (session.cost, session.engine), check_rate=False
+    )
     # simulated time t happened at monotonic clock time started_monotonic + t / time_scale
     outputs.summary["clock"] = {
         "started_monotonic": live.clock.start,

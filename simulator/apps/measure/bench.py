@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +23,21 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from cost_models.base import StepCostModel
 from simulator.api.config_check import build_block
-from simulator.api.run import build_trace, qoe_setup, score_qoe, write_run_with_qoe
+from simulator.api.run import build_trace, write_scored_run
 from simulator.apps.common import hydra_jobs
 from simulator.apps.common.command import EXIT_MEASUREMENT_FAILED
 from simulator.apps.common.event_loop import run_loop
 from simulator.apps.common.tokenizer import load_tokenizer
 from simulator.apps.measure.bench_client import Received, Replay, TargetConfig, preflight
 from simulator.core.timeline import STEP_COLUMNS, Timeline
-from simulator.metrics.slo import parse_slos
-from simulator.report.background import Worker
+from simulator.engines.step_model import EngineConfig
 from simulator.report.console import DEFAULT_ROWS, format_fairness, format_qoe, format_summary
 from simulator.report.progress import StreamingReporter
-from simulator.report.run_folder import mark_completed, run_tables, write_summary
-from simulator.report.veeksha import prepare_plots
+from simulator.report.run_folder import mark_completed, write_summary
 from traces.schema import Trace
 
 
@@ -110,19 +108,13 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
     run_loop(main())
     model, received, clock = result[0]
     info = {"target": target.url, "model": model}
-    resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     timeline = measured_timeline(trace, received, info)
-    tables = run_tables(timeline)
-    setup = None
-    if cfg.get("qoe"):
-        raw = cfg.get("slos")
-        slos = parse_slos(OmegaConf.to_container(raw) if raw else [])  # type: ignore[arg-type]
+
+    def engine_parts() -> tuple[StepCostModel, EngineConfig]:
         cost = instantiate(cfg.cost_model, _convert_="all")
-        engine = instantiate(cfg.engine, _convert_="all")
-        setup = qoe_setup(cfg, cost, engine, slos)
-    with Worker(prepare_plots) if setup and setup.veeksha else nullcontext() as plots:
-        qoe = score_qoe(setup, tables, out_dir, plots) if setup is not None else None
-        outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, plots)
+        return cost, instantiate(cfg.engine, _convert_="all")
+
+    outputs = write_scored_run(timeline, out_dir, cfg, engine_parts)
     outputs.summary["clock"] = clock
     write_summary(outputs.summary, out_dir)
     mark_completed(out_dir, outputs.summary["config_digest"])
