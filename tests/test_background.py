@@ -144,7 +144,7 @@ def test_a_run_writes_the_same_veeksha_files_with_its_child_and_without_fork(tmp
     child = sorted(p.name for p in (tmp_path / "child" / "metrics").iterdir())
     assert child == sorted(p.name for p in (tmp_path / "inline" / "metrics").iterdir())
     assert {
-        "request_level_metrics.jsonl",
+        "request_level_metrics.jsonl.gz",
         "tbc.png",
         "deadline_miss_rate_at_tbt_targets.csv",
     } <= set(child)

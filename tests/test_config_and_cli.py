@@ -1,3 +1,4 @@
+import gzip
 import json
 import subprocess
 import sys
@@ -91,7 +92,8 @@ def test_cli_runs_and_prints_a_per_client_table(tmp_path):
     assert summary["status_counts"]["completed"] == 45 + 90
     assert set(summary["qoe"]["fluidity_per_client"]) == {"client0", "client1"}
     assert summary["slo_results"] == {"all_slos_met": True, "results": []}
-    rows = (tmp_path / "run" / "metrics" / "request_level_metrics.jsonl").read_text().splitlines()
+    rows_file = tmp_path / "run" / "metrics" / "request_level_metrics.jsonl.gz"
+    rows = gzip.decompress(rows_file.read_bytes()).splitlines()
     assert len(rows) == 45 + 90
 
 

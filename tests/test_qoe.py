@@ -1,6 +1,7 @@
 """Latency conventions, percentile rules, Andes QoE, goodput, SLOs, the prefill curve and the
 Veeksha-compatible files (docs/metrics.md §1, 3, 6, 7)."""
 
+import gzip
 import json
 import math
 
@@ -243,7 +244,8 @@ def test_veeksha_files_and_health_checks(tmp_path):
     res = write_metrics_as_a_run_does(tmp_path, tl, slos, 1.0)
     tmp_path = tmp_path / "metrics"
     assert res["all_slos_met"] is True
-    rows = [json.loads(line) for line in (tmp_path / "request_level_metrics.jsonl").open()]
+    with gzip.open(tmp_path / "request_level_metrics.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
     assert len(rows) == len(req)
     r0 = rows[0]
     assert len(r0["tbc"]) == r0["num_output_tokens"] - 1 == 19

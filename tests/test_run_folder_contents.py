@@ -7,6 +7,7 @@ later) is checked apart: it must say completed."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import subprocess
@@ -29,8 +30,9 @@ def content_digest(path: Path) -> str:
         h.update(pd.read_parquet(path).to_csv(index=False).encode())
     elif path.suffix == ".json":
         h.update(json.dumps(json.loads(path.read_text()), sort_keys=True).encode())
-    elif path.suffix == ".jsonl":
-        for line in path.read_text().splitlines():
+    elif path.name.endswith((".jsonl", ".jsonl.gz")):
+        raw = path.read_bytes()
+        for line in (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode().splitlines():
             h.update(json.dumps(json.loads(line), sort_keys=True).encode())
     elif path.suffix == ".csv":
         h.update(pd.read_csv(path).to_csv(index=False).encode())

@@ -6,6 +6,7 @@ timeline is exactly an offline run of the arrivals it recorded (the digital-twin
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 import socket
@@ -441,8 +442,8 @@ def test_the_servers_run_folder_is_scored_as_an_offline_runs_is(server: Server):
     (slo,) = summary["slo_results"]["results"]
     assert slo["name"] == "ttfc" and summary["slo_results"]["all_slos_met"]
     metrics = server.folder / "metrics"
-    for name in ("request_level_metrics.jsonl", "summary_stats.json", "slo_results.json",
+    for name in ("request_level_metrics.jsonl.gz", "summary_stats.json", "slo_results.json",
                  "ttfc.csv", "tbc.csv", "throughput_metrics.json"):  # fmt: skip
         assert (metrics / name).stat().st_size > 0, name
-    rows = (metrics / "request_level_metrics.jsonl").read_text().splitlines()
+    rows = gzip.decompress((metrics / "request_level_metrics.jsonl.gz").read_bytes()).splitlines()
     assert len(rows) == 4

@@ -3,7 +3,7 @@
 A million requests emit about 260M tokens: one float per token is 2 GB. Such a run records its
 steps and counter events to disk as it goes (`SpillPlan`); here the tokens table is made a block
 of consecutive requests at a time (`Timeline.token_blocks`). Each block is appended to
-tokens.parquet and to request_level_metrics.jsonl and scored: every per-request figure
+tokens.parquet and to request_level_metrics.jsonl.gz and scored: every per-request figure
 (latency, fluidity, Andes QoE, the fluid rate's deadlines, the deadline-miss rates) is the same
 in a block as in the whole table. Pooled inter-token gaps come from the token clock
 (simulator/metrics/pooled.py), steps from their files a row group at a time.
@@ -43,6 +43,7 @@ from simulator.report.run_folder import (
 )
 from simulator.report.veeksha import (
     MISS_CURVE_FILE,
+    REQUEST_ROWS_FILE,
     request_level_columns,
     write_distributions,
     write_request_level_metrics,
@@ -120,7 +121,7 @@ class _Scores:
         self.curve: fluidity.MissRateCurve | None = None
         if qoe is not None and qoe.veeksha:
             metrics.mkdir(parents=True, exist_ok=True)
-            (metrics / "request_level_metrics.jsonl").write_bytes(b"")
+            (metrics / REQUEST_ROWS_FILE).write_bytes(b"")
             done = (requests.status == "completed") & (requests.tokens_emitted > 0)
             self.curve = fluidity.MissRateCurve(int(done.sum()), exact=qoe.config.exact)
 
@@ -145,7 +146,7 @@ class _Scores:
             return
         self.curve.add(decode)
         columns = request_level_columns(requests, tokens, cfg, curve, flu)
-        path = self.metrics / "request_level_metrics.jsonl"
+        path = self.metrics / REQUEST_ROWS_FILE
         write_request_level_metrics(path, columns, decode, append=True)
         self.completed += len(columns["request_id"])
         self.prompt.append(columns["num_delta_prompt_tokens"])

@@ -9,6 +9,7 @@ none of Veeksha's keys is renamed.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,11 @@ from simulator.report.run_folder import json_safe
 
 DISTRIBUTION_METRICS = ("ttfc", "tbc", "tpot", "e2e", "normalized_e2e", "fluidity")
 MISS_CURVE_FILE = "deadline_miss_rate_at_tbt_targets.csv"
+# Veeksha's per-request rows, gzip-compressed: the default run's 1,620 rows with their decode
+# gaps take 9.4 MB as plain JSON and 0.3 MB compressed (pandas.read_json(path, lines=True) and
+# zcat read it as it is); each append adds a gzip member, which readers join
+REQUEST_ROWS_FILE = "request_level_metrics.jsonl.gz"
+ROWS_COMPRESSION = 6  # gzip level: level 1 gives a 40% larger file for a small saving in time
 PERCENTILES = (50, 90, 95, 99)  # of each distribution's statistics
 RATE_TOLERANCE = 0.15  # Veeksha's health check: observed arrival rate within 15% of configured
 LENGTH_TOLERANCE = 15  # tokens
@@ -95,8 +101,9 @@ def write_request_level_metrics(
     path: Path, columns: dict[str, np.ndarray], decode_gaps: Ragged, append: bool = False
 ) -> None:
     """One JSON object per request of `request_level_columns` (NaN written as null), its decode
-    gaps under `tbc`: `decode_gaps` holds those of the same requests by increasing request_id,
-    as `inter_token_gaps` gives them (`append`: after the requests already in the file)."""
+    gaps under `tbc`, gzip-compressed: `decode_gaps` holds those of the same requests by
+    increasing request_id, as `inter_token_gaps` gives them (`append`: after the requests
+    already in the file)."""
     ids = columns["request_id"]
     if decode_gaps.lengths.shape[0] != ids.shape[0]:
         raise ValueError(
@@ -107,7 +114,11 @@ def write_request_level_metrics(
     names = list(columns)
     rows = zip(*(columns[name].tolist() for name in names), tbc, strict=True)
     option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
-    with path.open("ab" if append else "wb") as f:
+    with (
+        path.open("ab" if append else "wb") as raw,
+        # no name and time 0 in the header: the same run gives the same bytes
+        gzip.GzipFile("", "wb", ROWS_COMPRESSION, raw, mtime=0) as f,
+    ):
         for values in rows:
             row = dict(zip(names, values[:-1], strict=True))
             row["tbc"] = values[-1]
@@ -214,9 +225,9 @@ def write_rows_and_distributions(
     decode_gaps: Ragged,
     values: Mapping[str, np.ndarray],
 ) -> None:
-    """request_level_metrics.jsonl (the rows of `request_level_columns`, each with its decode
+    """request_level_metrics.jsonl.gz (the rows of `request_level_columns`, each with its decode
     gaps) and the distributions (`write_distributions`)."""
-    write_request_level_metrics(out / "request_level_metrics.jsonl", columns, decode_gaps)
+    write_request_level_metrics(out / REQUEST_ROWS_FILE, columns, decode_gaps)
     write_distributions(out, values)
 
 

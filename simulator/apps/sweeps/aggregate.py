@@ -29,6 +29,7 @@ from simulator.apps.common.hydra_jobs import job_folders
 from simulator.core.errors import ConfigError
 from simulator.metrics import fairness, latency
 from simulator.report.run_folder import read_status
+from simulator.report.veeksha import REQUEST_ROWS_FILE
 
 GROUPS = ("policy", "workload", "engine", "cost_model", "experiment")
 RUN_METRICS = {  # column: path in summary.json
@@ -248,7 +249,7 @@ def plot_service(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path)
 def request_fluidity(folder: Path) -> pd.Series | None:
     """Per-request fluidity-index of one run: from its Veeksha files if written, else from its
     tokens with the run's own constant deadlines (None when D_p came from a prefill curve)."""
-    path = folder / "metrics" / "request_level_metrics.jsonl"
+    path = folder / "metrics" / REQUEST_ROWS_FILE
     if path.exists():
         return pd.read_json(path, lines=True)["fluidity_index"].dropna()
     deadlines = _get(json.loads((folder / "summary.json").read_text()), ("qoe", "deadlines"))
