@@ -91,7 +91,7 @@ def test_a_spilled_run_writes_the_files_and_figures_of_the_in_memory_run(case, t
             pd.testing.assert_frame_equal(pd.read_csv(x), pd.read_csv(y), rtol=1e-12)
 
 
-def test_weighted_values_give_numpys_quantiles_and_histogram_bit_for_bit():
+def test_weighted_values_give_numpys_quantiles_bit_for_bit():
     rng = np.random.default_rng(3)
     for size in (1, 2, 7, 1000):
         distinct = np.sort(rng.exponential(0.05, size).round(rng.integers(2, 9)))
@@ -104,8 +104,6 @@ def test_weighted_values_give_numpys_quantiles_and_histogram_bit_for_bit():
             assert w.percentile(p) == np.percentile(expanded, p)
         assert w.min() == expanded.min() and w.max() == expanded.max()
         assert math.isclose(w.mean(), expanded.mean(), rel_tol=1e-12)
-        hist, edges = np.histogram(expanded, bins=50)
-        assert (w.histogram(50)[0] == hist).all() and (w.histogram(50)[1] == edges).all()
 
 
 @pytest.mark.parametrize(

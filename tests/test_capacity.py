@@ -9,6 +9,7 @@ import pytest
 from simulator.api import compose_config
 from simulator.apps.capacity.cli import SimulatedService, capacity_search, write_results
 from simulator.apps.capacity.searches import (
+    EVALSCOPE_METRICS,
     Condition,
     etalon_search,
     evalscope_search,
@@ -125,6 +126,18 @@ def test_sla_params_grammar_errors():
         parse_sla_params([{"tps": "max", "p99_ttft": "<2"}])
     with pytest.raises(ValueError, match="non-empty"):
         parse_sla_params([])
+
+
+def test_a_misspelled_sla_metric_is_refused_naming_the_accepted_ones():
+    """Before, `p99_ttfb` was taken and every probe failed for want of the metric."""
+    with pytest.raises(ValueError, match=r"unknown metric 'p99_ttfb' \(did you mean p99_ttft\?\)"):
+        parse_sla_params([{"p99_ttft": "<=2"}, {"p99_ttfb": "<=2"}])
+
+
+def test_each_probe_measures_exactly_the_metrics_a_criterion_may_name():
+    cfg = capacity_cfg("capacity.num_requests=40", "capacity.mode=evalscope")
+    metrics = SimulatedService(cfg).evalscope_metrics(1.0, 1)
+    assert sorted(metrics) == sorted(EVALSCOPE_METRICS)
 
 
 def capacity_cfg(*overrides):

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
-jupytext = pytest.importorskip("jupytext", reason="pip install -e '.[test]' (jupytext, nbclient)")
-nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' (jupytext, nbclient)")
+jupytext = pytest.importorskip(
+    "jupytext", reason="the notebooks extra: pip install -e '.[notebooks]'"
+)
+nbclient = pytest.importorskip(
+    "nbclient", reason="the notebooks extra: pip install -e '.[notebooks]'"
+)
 nbformat = pytest.importorskip("nbformat")
 
 from simulator.apps.sweeps.notebook_run import execute  # noqa: E402

@@ -273,7 +273,7 @@ def write_metrics_as_a_run_does(folder, timeline, slos, rate) -> dict:
     tables = run_tables(timeline)
     with Worker(prepare_plots) as plots:
         qoe = score_qoe(setup, tables, folder, plots)
-        outputs = write_run_with_qoe(timeline, folder, {}, tables, qoe, plots)
+        outputs = write_run_with_qoe(timeline, folder, {}, tables, qoe, "test run", plots)
     return outputs.summary["slo_results"]
 
 
@@ -305,9 +305,9 @@ def test_distribution_statistics_leave_out_nan_and_leave_the_values_untouched(tm
 
 
 @pytest.mark.slow
-def test_values_equal_but_for_their_last_bits_get_a_histogram(tmp_path):
-    """Two requests served alike give E2E times a few ulps apart: numpy cannot cut that range
-    into 50 bins (the live server's folder failed on it), so they get one bar."""
+def test_values_equal_but_for_their_last_bits_get_a_distribution_plot(tmp_path):
+    """Two requests served alike give E2E times a few ulps apart (a histogram of them failed
+    the live server's folder once): their plot is drawn, on a linear axis."""
     from simulator.report.veeksha import DISTRIBUTION_METRICS, write_distributions
 
     nearly = np.array([0.4, np.nextafter(0.4, 1.0), 0.4])

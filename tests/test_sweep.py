@@ -109,7 +109,9 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_ray_local_launcher_starts_its_own_ray(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[test]'")
+    pytest.importorskip(
+        "hydra_plugins.hydra_ray_launcher", reason="the ray extra: pip install -e '.[ray]'"
+    )
     env = {**os.environ, "RAY_ADDRESS": ""}  # never attach to a cluster the machine has
     r = sweep(tmp_path, "hydra/launcher=ray_local", "policy=fcfs,vtc", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -121,7 +123,9 @@ def test_ray_local_launcher_starts_its_own_ray(tmp_path):
 def test_ray_launcher_attaches_to_a_running_cluster(tmp_path):
     """CI starts a Ray head on loopback (token authentication, a fresh token) and sweeps
     through it with hydra/launcher=ray_cluster."""
-    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[test]'")
+    pytest.importorskip(
+        "hydra_plugins.hydra_ray_launcher", reason="the ray extra: pip install -e '.[ray]'"
+    )
     port = _free_port()
     ray_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths must fit 107 bytes
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}

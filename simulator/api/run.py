@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -39,6 +40,8 @@ from simulator.metrics.qoe import QoEConfig, qoe_summary, request_fluidity, requ
 from simulator.metrics.slo import SLO, evaluate_slos, parse_slos
 from simulator.report.background import Worker
 from simulator.report.blockwise import QoESetup, write_run_in_blocks
+from simulator.report.html import write_report
+from simulator.report.pictures import draw_run_pictures, run_pictures, run_title
 from simulator.report.run_folder import (
     RunOutputs,
     RunTables,
@@ -133,6 +136,8 @@ def run_config(
         policy, cost, engine, cluster = instantiate_parts(cfg)
         slos = config_slos(cfg)
         unfit_counts = unfit(trace, engine, cost)
+        named = what_ran(cfg)
+        title = run_title(named)
     if unfit_counts:
         counts = ", ".join(f"{n} {reason}" for reason, n in unfit_counts.items())
         print(
@@ -166,6 +171,9 @@ def run_config(
         if spill is not None:
             with phase("write"):
                 outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
+                steps = pd.read_parquet(Path(out_dir, "steps.parquet"))
+                pictures = run_pictures(outputs.requests, steps, outputs.summary, title)
+                draw_run_pictures(Path(out_dir), pictures)
         else:
             with phase("tables"):
                 tables = run_tables(timeline)
@@ -174,15 +182,46 @@ def run_config(
                 with phase("metrics"):
                     qoe = score_qoe(setup, tables, out_dir, plots)
             with phase("write"):
-                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, plots)
+                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, title, plots)
     outputs.summary["unfit_requests"] = unfit_counts
     if comparison is not None:
         outputs.summary["comparison"] = comparison
+    outputs.summary["what_ran"] = named
     if spill is not None:
         shutil.rmtree(spill.folder, ignore_errors=True)
-    write_summary(outputs.summary, out_dir)
-    mark_completed(out_dir, outputs.summary["config_digest"])  # last: the folder is whole
+    finish_run(outputs, out_dir)
     return timeline, outputs
+
+
+RUN_PARTS = ("policy", "workload", "engine", "cost_model")
+
+
+def what_ran(cfg: DictConfig) -> dict[str, Any]:
+    """The config chosen for each part of the run (as Hydra chose them; outside a Hydra app,
+    the class each part names), the replicas when there are several, and the seed."""
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    named: dict[str, Any] = {}
+    for part in RUN_PARTS:
+        block = cfg.get(part)
+        target = str(block.get("_target_", "")) if isinstance(block, DictConfig) else ""
+        name = choices.get(part) or target.rsplit(".", 1)[-1]
+        if name:
+            named[part] = name
+    cluster = cfg.get("cluster")
+    if cluster is not None and int(cluster.get("replicas", 1)) > 1:
+        named["replicas"] = f"{cluster.replicas} ({cluster.dispatcher})"
+    if cfg.get("seed") is not None:
+        named["seed"] = cfg.seed
+    return named
+
+
+def finish_run(outputs: RunOutputs, out_dir: str | Path) -> None:
+    """The run folder's last files: summary.json, and report.html of it and the folder's
+    pictures; then the completion mark, last, when the folder is whole."""
+    folder = Path(out_dir)
+    write_summary(outputs.summary, folder)
+    write_report(folder, outputs.summary)
+    mark_completed(folder, outputs.summary["config_digest"])
 
 
 BYTES_PER_TOKEN = 64  # what a token costs through the in-memory metrics (measured: 55 to 65)
@@ -214,7 +253,8 @@ def write_scored_run(
     run), scored as `run_config` scores one: QoE, SLOs and the Veeksha files, if the config
     asks. `engine_parts` gives the cost model and engine the QoE deadlines are read from (only
     called then); `check_rate=False` skips Veeksha's check of the arrivals against the
-    workload's rate (clients chose them). Left marked running, for the caller to finish."""
+    workload's rate (clients chose them). Left marked running, for the caller to add to its
+    summary and `finish_run`."""
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     setup = None
     if cfg.get("qoe") and len(timeline.arrival):
@@ -224,7 +264,12 @@ def write_scored_run(
     with Worker(prepare_plots) if setup and setup.veeksha else nullcontext() as plots:
         tables = run_tables(timeline)
         qoe = score_qoe(setup, tables, out_dir, plots) if setup else None
-        return write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, plots)
+        named = what_ran(cfg)
+        outputs = write_run_with_qoe(
+            timeline, out_dir, resolved, tables, qoe, run_title(named), plots
+        )
+    outputs.summary["what_ran"] = named
+    return outputs
 
 
 def qoe_setup(
@@ -239,7 +284,7 @@ def qoe_setup(
     workload = instantiate(cfg.workload, _convert_="all")
     rate = workload.configured_rate() if hasattr(workload, "configured_rate") else None
     veeksha = bool(cfg.get("veeksha_metrics", True))
-    return QoESetup(qoe_cfg, curve, slos, rate, veeksha)
+    return QoESetup(qoe_cfg, curve, slos, rate, veeksha, run_title(what_ran(cfg)))
 
 
 @dataclass
@@ -261,7 +306,8 @@ def score_qoe(
     the gaps exist, then the rows and the distributions (`write_run_with_qoe` waits for them)."""
     r, t, _ = tables
     cfg, curve = setup.config, setup.curve
-    decode_gaps = inter_token_gaps(r, t)[1].drop_first()
+    facts, gaps = inter_token_gaps(r, t)
+    decode_gaps = gaps.drop_first()
     folder = Path(out_dir, "metrics")
     if setup.veeksha:
         if plots is None:
@@ -275,7 +321,11 @@ def score_qoe(
     if setup.veeksha:
         assert plots is not None
         rows = request_level_columns(r, t, cfg, curve, flu)
-        plots.submit(write_rows_and_distributions, folder, rows, decode_gaps, values)
+        clients = facts["client"].astype(str).to_numpy()
+        labels = {"request": clients, "tbc": np.repeat(clients, decode_gaps.lengths)}
+        plots.submit(
+            write_rows_and_distributions, folder, rows, decode_gaps, values, labels, setup.title
+        )
     block = json_safe(qoe_summary(r, t, cfg, curve, flu, decode_gaps))
     return QoEScores(setup, block, values, rows)
 
@@ -286,13 +336,18 @@ def write_run_with_qoe(
     resolved: dict[str, Any],
     tables: RunTables,
     qoe: QoEScores | None,
+    title: str,
     plots: Worker | None = None,
 ) -> RunOutputs:
-    """`write_run` (leaving the folder marked running) and `add_qoe`; then waits for the files
-    `plots` writes (`score_qoe`)."""
+    """`write_run` (leaving the folder marked running), `add_qoe` and the pictures of the run
+    over time (`title` names the run on them); then waits for the files `plots` writes
+    (`score_qoe`), drawn meanwhile."""
     outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
     if qoe is not None:
         add_qoe(outputs, out_dir, qoe)
+    assert outputs.steps is not None
+    pictures = run_pictures(outputs.requests, outputs.steps, outputs.summary, title, tables[1])
+    draw_run_pictures(Path(out_dir), pictures)
     if plots is not None:
         plots.results()
     return outputs

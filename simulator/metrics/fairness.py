@@ -191,6 +191,41 @@ def accumulated_service(
     return acc
 
 
+def cumulative_service(intervals: pd.DataFrame, times: np.ndarray) -> pd.DataFrame:
+    """W_i(0, t) for each client at each of `times` (sorted): `accumulated_service` since 0,
+    computed from each request's start and end sorted once (n log n in the requests) instead
+    of a requests x times matrix, so that it serves runs of millions of requests. Service
+    spreads uniformly over [start, end]; a request with start == end is a point mass; one with
+    no end (still running, its last token unknown) is left out."""
+    times = np.asarray(times, dtype=float)
+    clients = _clients(intervals)
+    s = intervals[intervals["served"] & intervals["end"].notna()]
+    start, end = s["start"].to_numpy(), s["end"].to_numpy()
+    amount = s["service"].to_numpy()
+    codes = pd.Categorical(s["client"], categories=clients).codes
+    length = end - start
+    spread = length > 0
+    rate = np.where(spread, amount / np.where(spread, length, 1.0), 0.0)
+    out = np.zeros((times.shape[0], len(clients)))
+    for k in range(len(clients)):
+        mine = codes == k
+        # a spread request adds rate * (t - start) from its start and takes it back from its
+        # end: W(t) = sum over events e <= t of slope_e * (t - time_e), plus point masses
+        at = np.concatenate((start[mine & spread], end[mine & spread]))
+        slope = np.concatenate((rate[mine & spread], -rate[mine & spread]))
+        order = np.argsort(at, kind="stable")
+        at, slope = at[order], slope[order]
+        upto = np.searchsorted(at, times, side="right")
+        slopes = np.concatenate(([0.0], np.cumsum(slope)))[upto]
+        offsets = np.concatenate(([0.0], np.cumsum(slope * at)))[upto]
+        point_at, point_amount = start[mine & ~spread], amount[mine & ~spread]
+        by_time = np.argsort(point_at, kind="stable")
+        point_sums = np.concatenate(([0.0], np.cumsum(point_amount[by_time])))
+        points = point_sums[np.searchsorted(point_at[by_time], times, side="right")]
+        out[:, k] = slopes * times - offsets + points
+    return pd.DataFrame(out, columns=clients, index=pd.Index(times, name="time"))
+
+
 def accumulated_difference(
     intervals: pd.DataFrame,
     times: np.ndarray,

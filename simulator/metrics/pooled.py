@@ -10,7 +10,7 @@ about one value per step instead of one per token: a million-request run holds 1
 260M tokens.
 
 `WeightedValues` answers what the summaries ask of pooled gaps (mean, min, max, numpy's linear
-percentiles, a histogram), with the same order statistics as the expanded values.
+percentiles), with the same order statistics as the expanded values.
 """
 
 from __future__ import annotations
@@ -72,10 +72,6 @@ class WeightedValues:
     def summary(self, ps: tuple[int, ...]) -> dict[str, float]:
         """`simulator.metrics.latency.percentiles` of the expanded values."""
         return {"mean": self.mean(), **{f"p{p}": self.percentile(p) for p in ps}}
-
-    def histogram(self, bins: int) -> tuple[np.ndarray, np.ndarray]:
-        """np.histogram(expanded values, bins): (counts, edges)."""
-        return np.histogram(self.values, bins=bins, weights=self.counts)
 
 
 class PooledGaps:

@@ -60,6 +60,7 @@ class QoESetup:
     slos: list[SLO]
     configured_rate: float | None  # the workload's arrival rate, for Veeksha's health check
     veeksha: bool  # write the Veeksha-compatible files under metrics/
+    title: str = ""  # names the run on its plots (simulator/report/pictures.py: run_title)
 
 
 def write_run_in_blocks(
@@ -188,7 +189,7 @@ class _Scores:
                 self.qoe.configured_rate,
             )
             self.curve.frame().to_csv(self.metrics / MISS_CURVE_FILE, index=False)
-            write_distributions(self.metrics, values)
+            write_distributions(self.metrics, values, title=self.qoe.title)
         return {"qoe": json_safe(block), "slo_results": json_safe(results)}
 
 

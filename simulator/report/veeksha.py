@@ -25,6 +25,7 @@ from simulator.metrics.pooled import WeightedValues
 from simulator.metrics.prefill_curve import PrefillCurve
 from simulator.metrics.qoe import QoEConfig, request_fluidity
 from simulator.metrics.slo import SLO, evaluate_slos
+from simulator.report.pictures import client_colours, client_groups, save_png
 from simulator.report.run_folder import json_safe
 
 DISTRIBUTION_METRICS = ("ttfc", "tbc", "tpot", "e2e", "normalized_e2e", "fluidity")
@@ -224,11 +225,13 @@ def write_rows_and_distributions(
     columns: dict[str, np.ndarray],
     decode_gaps: Ragged,
     values: Mapping[str, np.ndarray],
+    clients: Mapping[str, np.ndarray] | None = None,
+    title: str = "",
 ) -> None:
     """request_level_metrics.jsonl.gz (the rows of `request_level_columns`, each with its decode
     gaps) and the distributions (`write_distributions`)."""
     write_request_level_metrics(out / REQUEST_ROWS_FILE, columns, decode_gaps)
-    write_distributions(out, values)
+    write_distributions(out, values, clients, title)
 
 
 def prefilled_tokens(steps: pd.DataFrame) -> int:
@@ -293,37 +296,122 @@ def _quantile(values: np.ndarray | WeightedValues, q: float) -> float:
     return float(np.quantile(values, q))
 
 
-def write_distributions(out: Path, values: Mapping[str, np.ndarray | WeightedValues]) -> None:
-    """Per distribution metric, its statistics (CSV) and its histogram (PNG)."""
+# each distribution's axis label; metrics whose tails matter get a log axis (`_log_axis`)
+UNITS = {
+    "ttfc": "time to first token (s)",
+    "tbc": "gap between output tokens (s)",
+    "tpot": "time per output token (s/token)",
+    "e2e": "end-to-end latency (s)",
+    "normalized_e2e": "end-to-end latency per output token (s/token)",
+    "fluidity": "fluidity-index (share of tokens on time, 0-1)",
+}
+# the shares at which each line is drawn (its quantiles): even steps, and steps ever closer to 1
+# for the tail down to 1e-5 above (the curve of millions of values at a figure's size)
+CDF_SHARES = np.union1d(np.linspace(0.0, 1.0, 401), 1.0 - np.logspace(-1, -5, 81))
+
+
+def write_distributions(
+    out: Path,
+    values: Mapping[str, np.ndarray | WeightedValues],
+    clients: Mapping[str, np.ndarray] | None = None,
+    title: str = "",
+) -> None:
+    """Per distribution metric, its statistics (CSV) and its distribution (PNG): the share of
+    requests (of gaps, for tbc) at or below each value, a line per client where `clients` gives
+    each value's client (key "tbc" for the gaps, "request" for the rest), on a log axis where
+    the values span decades (tails). `title` names the run."""
     for name in DISTRIBUTION_METRICS:
         v = values[name]
-        bars: dict[str, Any]
-        if isinstance(v, WeightedValues):  # the same bars as the expanded values give
+        lines: Mapping[str, np.ndarray | WeightedValues]
+        if isinstance(v, WeightedValues):  # a run scored in blocks: the pooled values only
             row = _pooled_row(v)
-            counts, edges = v.histogram(50)
-            bars = {"x": edges[:-1], "bins": edges, "weights": counts}
+            lines = {"all": v}
         else:
-            # one array for the statistics and the histogram, not a copy for each (the plots'
+            # one array for the statistics and the lines, not a copy for each (the plots'
             # child peaks 32 MB lower on the Azure run's 4M decode gaps)
             present = latency.without_nan(v)
             row = _distribution_row(present)
-            bars = {"x": present, "bins": _bins(present)}
+            labels = (clients or {}).get("tbc" if name == "tbc" else "request")
+            lines = _per_client(v, labels) if labels is not None else {"all": present}
         pd.DataFrame([row]).to_csv(out / f"{name}.csv", index=False)
-        fig = _figure()
-        ax = fig.subplots()
-        ax.hist(**bars)
-        ax.set_xlabel(name + ("" if name == "fluidity" else " (s)"))
-        ax.set_ylabel("count")
-        fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=80)
+        _draw_distribution(out / f"{name}.png", name, lines, title)
 
 
-def _bins(values: np.ndarray) -> int:
-    """50 bars, or one where the values span too little for 50 distinct float edges (equal
-    requests served alike differ in the last bits, and numpy refuses such bins)."""
-    if values.size and np.ptp(values) <= 1e-9 * max(1.0, float(np.abs(values).max())):
-        return 1
-    return 50
+def _per_client(values: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
+    """Each line's values without NaN: a client's, or the grouped rest's, then all."""
+    if labels.shape[0] != values.shape[0]:
+        raise ValueError(f"{labels.shape[0]} client labels for {values.shape[0]} values")
+    names, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    sizes = dict(zip(names.tolist(), counts.tolist(), strict=True))
+    groups = client_groups(list(sizes), sizes)
+    index = {name: i for i, name in enumerate(names.tolist())}
+    lines: dict[str, np.ndarray] = {}
+    for label, members in groups.items():
+        mine = np.isin(codes, [index[m] for m in members])
+        lines[label] = latency.without_nan(values[mine])
+    if len(groups) > 1:
+        lines["all"] = latency.without_nan(values)
+    return lines
+
+
+def _curve(values: np.ndarray | WeightedValues) -> tuple[np.ndarray, np.ndarray]:
+    """(x, share at or below x) at the CDF_SHARES quantiles."""
+    if isinstance(values, WeightedValues):
+        return np.array([values.quantile(q) for q in CDF_SHARES]), CDF_SHARES
+    return np.quantile(values, CDF_SHARES), CDF_SHARES
+
+
+def _decades(name: str, lines: Mapping[str, np.ndarray | WeightedValues]) -> float:
+    """Decades the positive values of a time metric span (0 where a value is not positive, or
+    for fluidity, a share): above 1 they are drawn on a log axis, where tails show."""
+    lows = [float(v.min()) for v in lines.values() if v.size]
+    highs = [float(v.max()) for v in lines.values() if v.size]
+    if name == "fluidity" or not lows or min(lows) <= 0:
+        return 0.0
+    return float(np.log10(max(highs) / min(lows)))
+
+
+def _draw_distribution(
+    path: Path, name: str, lines: Mapping[str, np.ndarray | WeightedValues], title: str
+) -> None:
+    """The cumulative distribution, and for times a second panel with the tail: the share
+    above each value on a log scale, where a 1% stall tail shows as clearly as the median."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    tail = name != "fluidity"
+    fig = _figure(wide=tail)
+    axes = fig.subplots(1, 2 if tail else 1, squeeze=False)[0]
+    colours = client_colours([label for label in lines if label != "all"])
+    unit = "gaps" if name == "tbc" else "requests"
+    for label, v in lines.items():
+        if not v.size:
+            continue
+        x, share = _curve(v)
+        style = {"color": "black", "linestyle": "--", "linewidth": 1} if label == "all" else {}
+        style = {"color": colours.get(label), **style}
+        axes[0].plot(x, share, label=f"{label} ({v.size:,})", **style)
+        if tail:  # down to one value in the line's count: below that nothing is measured
+            above = 1.0 - share
+            shown = above >= 1.0 / v.size
+            axes[1].plot(x[shown], above[shown], **style)
+    axes[0].set_ylabel(f"share of {unit} at or below")
+    axes[0].set_ylim(0, 1.01)
+    axes[0].legend(fontsize=7, loc="lower right", title="client (values)", title_fontsize=7)
+    if tail:
+        axes[1].set_yscale("log")
+        axes[1].set_ylabel(f"share of {unit} above (tail)")
+    decades = _decades(name, lines)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.set_xlabel(UNITS[name] + (", log scale" if decades > 1 else ""))
+        if decades > 1:  # labels at 1, 2 and 5 of each decade where there are few decades
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if decades < 3 else (1.0,)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+    fig.suptitle(f"{name}: distribution\n{title}", fontsize=9)
+    fig.tight_layout()
+    save_png(fig, path, dpi=80)
 
 
 def _pooled_row(v: WeightedValues) -> dict[str, float]:
@@ -332,12 +420,12 @@ def _pooled_row(v: WeightedValues) -> dict[str, float]:
     return {**row, "min": v.min(), "max": v.max(), "mean": v.mean()}
 
 
-def _figure() -> Any:
-    """A figure for one distribution plot. Matplotlib is imported here, not with the module:
-    runs without Veeksha files start 0.3 s sooner."""
+def _figure(wide: bool = False) -> Any:
+    """A figure for one distribution plot (two panels side by side when `wide`). Matplotlib is
+    imported here, not with the module: runs without Veeksha files start 0.3 s sooner."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(5, 3.2))
+    return Figure(figsize=(9, 3.6) if wide else (5.5, 3.6))
 
 
 def prepare_plots() -> None:

@@ -10,6 +10,7 @@ analytic pass/fail functions and runs unchanged on the simulator (simulator/capa
 
 from __future__ import annotations
 
+import difflib
 import math
 import operator
 import re
@@ -28,6 +29,11 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     ">": operator.gt,
 }
+# the metrics an EvalScope criterion may name: what each probe measures (SimulatedService)
+EVALSCOPE_METRICS = (
+    "success_rate", "avg_latency", "p99_latency", "avg_ttft", "p99_ttft", "avg_tpot", "p99_tpot",
+    "rps", "tps",
+)  # fmt: skip
 CRITERION = re.compile(r"^\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 ETALON_STOP_FRACTION = 0.025
 ETALON_GROW_FRACTION = 0.8
@@ -151,6 +157,13 @@ def parse_sla_params(groups: list[dict[str, str]]) -> list[list[Condition]]:
             )
         conds = []
         for metric, text in group.items():
+            if metric not in EVALSCOPE_METRICS:
+                close = difflib.get_close_matches(str(metric), EVALSCOPE_METRICS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"capacity.sla_params[{i}]: unknown metric {metric!r}{hint}; accepted: "
+                    + ", ".join(EVALSCOPE_METRICS)
+                )
             text = str(text).strip()
             if text in ("max", "min"):
                 conds.append(Condition(str(metric), text))

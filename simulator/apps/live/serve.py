@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from prometheus_client import CollectorRegistry
 
 from simulator.api.config_check import build_block
-from simulator.api.run import instantiate_parts, write_scored_run
+from simulator.api.run import finish_run, instantiate_parts, write_scored_run
 from simulator.apps.common import hydra_jobs
 from simulator.apps.common.event_loop import run_loop
 from simulator.apps.common.tokenizer import load_tokenizer
@@ -40,7 +40,7 @@ from simulator.apps.live.server import (
 from simulator.core.errors import ConfigError
 from simulator.core.timeline import Timeline
 from simulator.engines.live import LiveSession
-from simulator.report.run_folder import mark_completed, write_parquet, write_summary
+from simulator.report.run_folder import write_parquet
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -177,7 +177,6 @@ def write_folder(out_dir: str, cfg: DictConfig, session: LiveSession, live: Live
         "time_scale": live.clock.scale,
         "time_origin": 0.0,
     }
-    write_summary(outputs.summary, out_dir)
     rows: list[int] = []
     index: list[int] = []
     written: list[float] = []
@@ -198,7 +197,7 @@ def write_folder(out_dir: str, cfg: DictConfig, session: LiveSession, live: Live
     )
     writes["lag"] = writes["written_at"] - writes["time"]
     write_parquet(writes, Path(out_dir, "socket_writes.parquet"))
-    mark_completed(out_dir, outputs.summary["config_digest"])
+    finish_run(outputs, out_dir)
     done = outputs.summary["status_counts"]
     print(f"fairsim-serve: {len(timeline.arrival)} requests ({done}); run folder {out_dir}")
 

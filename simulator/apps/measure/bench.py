@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from cost_models.base import StepCostModel
 from simulator.api.config_check import build_block
-from simulator.api.run import build_trace, write_scored_run
+from simulator.api.run import build_trace, finish_run, write_scored_run
 from simulator.apps.common import hydra_jobs
 from simulator.apps.common.command import EXIT_MEASUREMENT_FAILED
 from simulator.apps.common.event_loop import run_loop
@@ -36,8 +36,8 @@ from simulator.apps.measure.bench_client import Received, Replay, TargetConfig, 
 from simulator.core.timeline import STEP_COLUMNS, Timeline
 from simulator.engines.step_model import EngineConfig
 from simulator.report.console import DEFAULT_ROWS, format_fairness, format_qoe, format_summary
+from simulator.report.html import REPORT_FILE
 from simulator.report.progress import StreamingReporter
-from simulator.report.run_folder import mark_completed, write_summary
 from traces.schema import Trace
 
 
@@ -116,8 +116,7 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
 
     outputs = write_scored_run(timeline, out_dir, cfg, engine_parts)
     outputs.summary["clock"] = clock
-    write_summary(outputs.summary, out_dir)
-    mark_completed(out_dir, outputs.summary["config_digest"])
+    finish_run(outputs, out_dir)
     return outputs.summary
 
 
@@ -131,7 +130,7 @@ def _run(cfg: DictConfig, out_dir: str) -> float:
     if "qoe" in summary:
         print()
         print(format_qoe(summary, rows))
-    print(f"run folder: {out_dir}")
+    print(f"run folder: {out_dir} (in a browser: {Path(out_dir, REPORT_FILE)})")
     failed, total = summary["status_counts"]["failed"], summary["requests"]
     if failed:
         reasons = "; ".join(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -9,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from simulator.api.run import run_config
+from simulator.api.run import run_config, what_ran
 from simulator.apps.common import hydra_jobs
 from simulator.apps.sweeps.replications import FILE, format_replications, run_replications
 from simulator.report.console import (
@@ -19,6 +20,7 @@ from simulator.report.console import (
     format_slos,
     format_summary,
 )
+from simulator.report.html import REPORT_FILE
 from simulator.report.progress import StreamingReporter
 
 
@@ -30,10 +32,7 @@ def _main(cfg: DictConfig) -> None:
 
 def what_runs(cfg: DictConfig) -> str:
     """One line naming the configs that run (as Hydra chose them) and the seed."""
-    choices = HydraConfig.get().runtime.choices
-    groups = ("policy", "workload", "engine", "cost_model", "cluster")
-    chosen = " ".join(f"{g}={choices[g]}" for g in groups if choices.get(g))
-    return f"fairsim: {chosen} seed={cfg.get('seed')}"
+    return "fairsim: " + " ".join(f"{k}={v}" for k, v in what_ran(cfg).items())
 
 
 def job_line(summary: dict[str, Any], out_dir: str) -> str:
@@ -73,7 +72,7 @@ def _run(cfg: DictConfig, out_dir: str) -> None:
     if outputs.summary.get("slo_results", {}).get("results"):
         print()
         print(format_slos(outputs.summary["slo_results"]))
-    print(f"run folder: {out_dir}")
+    print(f"run folder: {out_dir} (in a browser: {Path(out_dir, REPORT_FILE)})")
 
 
 def main() -> None:
