@@ -1,16 +1,25 @@
 """Capacity-search drivers against analytic pass/fail functions with known thresholds, and one
 end-to-end search on the simulator checked against a direct sweep."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from simulator.api import compose_config
-from simulator.apps.capacity.cli import SimulatedService, capacity_search, write_results
+from simulator.apps.capacity.cli import (
+    SimulatedService,
+    capacity_search,
+    lower_bound_hints,
+    write_results,
+)
 from simulator.apps.capacity.searches import (
     EVALSCOPE_METRICS,
     Condition,
+    Probe,
+    SearchResult,
     etalon_search,
     evalscope_search,
     parse_sla_params,
@@ -244,3 +253,16 @@ def test_capacity_bounds_are_checked_in_every_mode_before_any_probe(overrides, m
     cfg = capacity_cfg(*overrides)
     with pytest.raises(ConfigError, match=message):
         capacity_search(cfg)
+
+
+def test_a_search_failing_at_its_lower_bound_says_what_to_try(tmp_path):
+    history = [Probe(2, False, {"p99_ttft": 9.0}), Probe(1, False, {"p99_ttft": 4.0})]
+    failed = SearchResult("p99_ttft <= 2", "rate", None, "Failed at lower bound (1)", history)
+    found = SearchResult("p99_ttft <= 9", "rate", 2, "Satisfied", history)
+    (hint,) = lower_bound_hints([failed, found], OmegaConf.create({"lower": 1}))
+    assert "fails even at 1 request/s" in hint and "capacity.variable=concurrency" in hint
+    users = dataclasses.replace(failed, variable="concurrency")
+    (hint,) = lower_bound_hints([users], OmegaConf.create({"lower": 1}))
+    assert "cannot meet it at any load" in hint
+    write_results([failed, found], tmp_path, "evalscope", "a test run")
+    assert (tmp_path / "capacity_search.png").stat().st_size > 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from simulator.api.prefill_profile import profile_prefill
-from simulator.api.run import config_slos, instantiate_parts
+from simulator.api.run import config_slos, instantiate_parts, what_ran
 from simulator.apps.capacity.searches import (
     SearchResult,
     etalon_search,
@@ -44,6 +45,7 @@ from simulator.metrics import latency
 from simulator.metrics.prefill_curve import fit_prefill_curve
 from simulator.metrics.qoe import QoEConfig, request_values
 from simulator.metrics.slo import evaluate_slos
+from simulator.report.pictures import run_title, save_png
 from simulator.report.run_folder import json_safe
 from traces.closed_loop import ClosedLoop
 from traces.schema import Trace
@@ -229,7 +231,9 @@ def capacity_search(cfg: DictConfig) -> list[SearchResult]:
     return [result]
 
 
-def write_results(results: list[SearchResult], folder: str | Path, mode: str) -> dict[str, Any]:
+def write_results(
+    results: list[SearchResult], folder: str | Path, mode: str, title: str = ""
+) -> dict[str, Any]:
     """capacity_search_results.json (best_value, history, one row per group) and a plot of the
     measured metric against the rate."""
     out = Path(folder)
@@ -252,24 +256,74 @@ def write_results(results: list[SearchResult], folder: str | Path, mode: str) ->
         ],
     }
     (out / "capacity_search_results.json").write_text(json.dumps(json_safe(doc), indent=2) + "\n")
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.subplots()
-    for r in results:
-        key = next(iter(r.history[0].metrics), None) if r.history else None
-        if key is None:
-            continue
-        if mode == "evalscope":
-            key = r.criteria.split()[0]
-        pts = sorted((p.value, p.metrics.get(key, np.nan), p.passed) for p in r.history)
-        xs, ys, ok = zip(*pts, strict=True)
-        ax.plot(xs, ys, "-", color="0.6", lw=1)
-        ax.scatter(xs, ys, c=["tab:green" if o else "tab:red" for o in ok], zorder=3)
-        ax.set_ylabel(key)
-    ax.set_xlabel(VARIABLES.get(results[0].variable, results[0].variable))
-    ax.set_title("capacity search probes (green: pass, red: fail)")
-    fig.tight_layout()
-    fig.savefig(out / "capacity_search.png", dpi=90)
+    plot_probes(results, out / "capacity_search.png", title)
     return doc
+
+
+TERM = re.compile(r"^(\S+) (<=|>=|<|>) (\S+)$")  # a criterion as SearchResult.criteria writes it
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def metric_unit(metric: str) -> str:
+    """The unit of a searched metric's name, for its axis."""
+    if any(word in metric for word in ("ttft", "ttfc", "tpot", "tbc", "latency", "e2e")):
+        return " (s)"
+    return {"rps": " (requests/s)", "tps": " (tokens/s)"}.get(metric, "")
+
+
+def plot_probes(results: list[SearchResult], path: Path, title: str) -> None:
+    """A panel per metric the criteria name: each search's probes against the knob (its own
+    colour and marker; filled: passed, hollow: failed) and each criterion's threshold, dashed."""
+    terms: dict[str, list[tuple[int, str, float]]] = {}  # metric -> (search, op, threshold)
+    for i, r in enumerate(results):
+        for text in r.criteria.split(" AND "):
+            match = TERM.match(text.strip())
+            metric = match.group(1) if match else text.split()[0]
+            bound = (i, match.group(2), float(match.group(3))) if match else (i, "", np.nan)
+            terms.setdefault(metric, []).append(bound)
+    fig = Figure(figsize=(5.5 * max(len(terms), 1), 4))
+    axes = fig.subplots(1, max(len(terms), 1), squeeze=False)[0]
+    for ax, (metric, bounds) in zip(axes, terms.items(), strict=False):
+        for i, op, threshold in bounds:
+            r, colour, marker = results[i], f"C{i}", MARKERS[i % len(MARKERS)]
+            label = f"search {i + 1}: {r.criteria}"
+            probes = sorted((p.value, p.metrics.get(metric, np.nan), p.passed) for p in r.history)
+            if probes:
+                xs, ys, passed = (np.array(v) for v in zip(*probes, strict=True))
+                ax.plot(xs, ys, color=colour, lw=1, alpha=0.6)
+                ax.scatter(xs[passed], ys[passed], color=colour, marker=marker, label=label)
+                ax.scatter(xs[~passed], ys[~passed], facecolors="none", edgecolors=colour,
+                           marker=marker)  # fmt: skip
+            if op:
+                ax.axhline(threshold, color=colour, linestyle="--", lw=1,
+                           label=f"threshold {metric} {op} {threshold:g}")  # fmt: skip
+        ax.set_ylabel(metric + metric_unit(metric))
+        ax.set_xlabel(VARIABLES.get(results[0].variable, results[0].variable))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"capacity search: probes (filled: passed, hollow: failed)\n{title}", fontsize=9)
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def lower_bound_hints(results: list[SearchResult], cap: DictConfig) -> list[str]:
+    """What to try when a search failed at its lower bound (EvalScope searches whole numbers)."""
+    hints = []
+    for r in results:
+        if r.best_value is not None or not r.note.startswith("Failed at lower bound"):
+            continue
+        if r.variable == "rate":
+            hints.append(
+                f"fairsim-capacity: {r.criteria} fails even at {int(cap.lower)} request/s, and "
+                "EvalScope's knob is a whole number: capacity.variable=concurrency searches "
+                "users, capacity.mode=etalon searches rates below 1 request/s"
+            )
+        else:
+            hints.append(
+                f"fairsim-capacity: {r.criteria} fails even with {int(cap.lower)} user(s): this "
+                "engine cannot meet it at any load (loosen the criterion or change the engine)"
+            )
+    return hints
 
 
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="capacity")
@@ -280,7 +334,7 @@ def _main(cfg: DictConfig) -> None:
 
 def _run(cfg: DictConfig, out_dir: str) -> None:
     results = capacity_search(cfg)
-    write_results(results, out_dir, cfg.capacity.mode)
+    write_results(results, out_dir, cfg.capacity.mode, run_title(what_ran(cfg)))
     for r in results:
         print(f"search history ({r.criteria}):")
         for p in r.history:
@@ -289,6 +343,8 @@ def _run(cfg: DictConfig, out_dir: str) -> None:
                 + ", ".join(f"{k}={v:.4g}" for k, v in p.metrics.items())
             )
     print(results_table(results))
+    for hint in lower_bound_hints(results, cfg.capacity):
+        print(hint)
     print(f"results: {out_dir}/capacity_search_results.json")
 
 
