@@ -28,6 +28,7 @@ from simulator.apps.common.command import run_command
 from simulator.apps.common.hydra_jobs import job_folders
 from simulator.core.errors import ConfigError
 from simulator.metrics import fairness, latency
+from simulator.report.pictures import client_colours, client_groups, save_png
 from simulator.report.run_folder import read_status
 from simulator.report.veeksha import REQUEST_ROWS_FILE
 
@@ -52,6 +53,14 @@ RUN_METRICS = {  # column: path in summary.json
 LATENCY = ("ttft", "tpot", "e2e", "tbt")
 STATS = ("mean", "p50", "p90", "p99")
 PLOTTED = ("throughput_tokens_per_s", "jain_index", "ttft_mean", "fluidity_mean")
+TITLES = {  # each plotted column's title, with its unit
+    "throughput_tokens_per_s": "throughput (tokens/s)",
+    "jain_index": "Jain index of service (1 = equal)",
+    "ttft_mean": "mean time to first token (s)",
+    "fluidity_mean": "mean fluidity-index (0-1)",
+}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":")
 
 
 def _scalar(text: str) -> Any:
@@ -200,15 +209,20 @@ def plot_metrics(table: pd.DataFrame, x: str, out: Path, metrics: Sequence[str] 
     fig = Figure(figsize=(4.2 * len(metrics), 3.4))
     axes = fig.subplots(1, len(metrics), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
-        for policy, part in bands[bands.metric == metric].groupby("policy", sort=True):
+        groups = bands[bands.metric == metric].groupby("policy", sort=True)
+        for k, (policy, part) in enumerate(groups):
             part = part.sort_values("x")
-            (line,) = ax.plot(part.x, part["mean"], marker="o", label=str(policy))
-            ax.fill_between(part.x, part.ci_low, part.ci_high, color=line.get_color(), alpha=0.2)
+            # a marker and a dash pattern each, drawn a little transparent: a line that lies
+            # on another (two policies alike) still shows
+            style = {"marker": MARKERS[k % len(MARKERS)], "linestyle": LINESTYLES[k % 4]}
+            (line,) = ax.plot(part.x, part["mean"], label=str(policy), alpha=0.85, **style)
+            ax.fill_between(part.x, part.ci_low, part.ci_high, color=line.get_color(), alpha=0.15)
         ax.set_xlabel(x)
-        ax.set_title(metric)
-    axes[0][0].legend(title="policy (mean, 95% CI over seeds)")
+        ax.set_title(TITLES.get(metric, metric), fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(title="policy (mean, 95% CI over seeds)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    save_png(fig, out)
     return out
 
 
@@ -225,8 +239,8 @@ def plot_service(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path)
     """Per-client service rate (w_p = 1, w_q = 2; 60 s windows, shorter for short runs) over
     time, one panel per policy."""
     jobs = _representatives(table, x)
-    fig = Figure(figsize=(4.5 * len(jobs), 3.4))
-    axes = fig.subplots(1, len(jobs), squeeze=False)
+    fig = Figure(figsize=(4.5 * len(jobs), 3.6))
+    axes = fig.subplots(1, len(jobs), squeeze=False, sharey=True)
     for ax, (_, job) in zip(axes[0], jobs.iterrows()):
         folder = sweep_dir / job["job"]
         requests = pd.read_parquet(folder / "requests.parquet")
@@ -235,14 +249,17 @@ def plot_service(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path)
         ticks = np.linspace(0.0, end, 60) if end > 0 else np.zeros(1)
         window = min(60.0, max(end / 10, 1.0))  # the paper's 60 s, narrower for short runs
         rates = fairness.service_rates(fairness.served_intervals(requests, tokens), ticks, window)
-        for client in rates.columns[:12]:  # legible: at most 12 clients
-            ax.plot(rates.index, rates[client], label=str(client))
-        ax.set_title(f"{job['policy']} ({job['job']})", fontsize=8)
-        ax.set_xlabel("time (s)")
-    axes[0][0].set_ylabel("service rate (tokens/s)")
-    axes[0][0].legend(fontsize=7)
+        groups = client_groups(list(rates.columns), rates.sum().to_dict())
+        colours = client_colours(list(groups))
+        for label, clients in groups.items():
+            ax.plot(rates.index, rates[clients].sum(axis=1), label=label, color=colours[label])
+        ax.set_title(f"policy={job['policy']}\n{job['job']}", fontsize=8)
+        ax.set_xlabel(f"simulated time (s); {window:.3g} s windows")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("service rate (weighted tokens/s)")
+    axes[0][0].legend(fontsize=7, title="client", title_fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    save_png(fig, out)
     return out
 
 
@@ -273,20 +290,23 @@ def plot_fluidity(sweep_dir: Path, table: pd.DataFrame, x: str | None, out: Path
     fig = Figure(figsize=(5, 3.6))
     ax = fig.subplots()
     drawn = 0
-    for _, job in _representatives(table, x).iterrows():
+    for k, (_, job) in enumerate(_representatives(table, x).iterrows()):
         values = request_fluidity(sweep_dir / job["job"])
         if values is None or values.empty:
             continue
         values = values.sort_values()
-        ax.step(values, np.arange(1, len(values) + 1) / len(values), label=str(job["policy"]))
+        share = np.arange(1, len(values) + 1) / len(values)
+        ax.step(values, share, label=str(job["policy"]), linestyle=LINESTYLES[k % 4], alpha=0.85)
         drawn += 1
     if not drawn:
         return None
-    ax.set_xlabel("fluidity-index")
-    ax.set_ylabel("fraction of requests")
-    ax.legend()
+    ax.set_xlabel("fluidity-index (share of tokens on time)")
+    ax.set_ylabel("share of requests at or below")
+    ax.set_title("fluidity-index per policy" + (f", at the highest {x}" if x else ""), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(title="policy", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    save_png(fig, out)
     return out
 
 
