@@ -1,5 +1,6 @@
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,21 @@ def test_the_first_line_says_what_runs(tmp_path):
     first = res.stdout.splitlines()[0]
     assert first.startswith("fairsim: policy=fcfs workload=") and first.endswith(" seed=4")
     assert " engine=slora cost_model=" in first
+
+
+@pytest.mark.integration
+def test_stdout_holds_the_commands_output_and_no_library_notes(tmp_path):
+    """With no font cache yet (a fresh machine), matplotlib logs that it built one at INFO
+    level, which Hydra printed on stdout before the summary."""
+    res = subprocess.run(
+        [sys.executable, "-c", "from simulator.apps.run.cli import main; main()",
+         "workload.duration=20", "compare_with=null", f"hydra.run.dir={tmp_path}/run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MPLCONFIGDIR": str(tmp_path / "matplotlib")},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "matplotlib").exists()  # matplotlib ran with an empty cache
+    assert "matplotlib" not in res.stdout
+    assert res.stdout.startswith("fairsim: policy=vtc workload=vtc_overload")

@@ -107,6 +107,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def test_a_sweep_sent_to_a_ray_address_nothing_answers_fails_at_once(tmp_path):
+    """Ray itself retries such an address for minutes, printing its own warnings only."""
+    pytest.importorskip(
+        "hydra_plugins.hydra_ray_launcher", reason="the ray extra: pip install -e '.[ray]'"
+    )
+    port = _free_port()  # nothing listens there once the probe socket is closed
+    r = sweep(
+        tmp_path / "sweep",
+        "hydra/launcher=ray_cluster",
+        f"hydra.launcher.ray.init.address=127.0.0.1:{port}",
+        "policy=fcfs,vtc",
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip() == (
+        f"fairsim: error: hydra.launcher.ray.init.address=127.0.0.1:{port}: no Ray cluster "
+        "answers there (Connection refused); start one (ray start --head) or use "
+        "hydra/launcher=ray_local"
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.slow
 def test_ray_local_launcher_starts_its_own_ray(tmp_path):
     pytest.importorskip(

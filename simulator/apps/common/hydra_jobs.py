@@ -13,8 +13,10 @@ for the same configuration digest. At the end, `SweepReport` prints the counts, 
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 import shutil
+import socket
 import sys
 import traceback
 from collections import Counter
@@ -57,6 +59,9 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
     for `command.run_command` to report. In a multirun, skip the job if its folder already
     completed this configuration, and record a failure instead of stopping the sweep."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    # Hydra sends INFO records to stdout: matplotlib's notes (it built its font cache) are
+    # not the command's output
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     digest = config_digest(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     if multirun and is_completed(out_dir, digest):
         print(f"{prog}: skipped, already completed: {out_dir}")
@@ -179,6 +184,8 @@ def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
     def entry() -> None:
         try:
             hydra_main()
+        except SweepRefused as refused:
+            raise refused.error from None
         except (KeyboardInterrupt, Interrupted) as err:
             name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
             for sweep_dir in _SWEEPS_STARTED:
@@ -235,10 +242,48 @@ def unknown_key_message(prog: str, key: str) -> str | None:
     return f"{key}: not a setting of {parent or prog}{hint}; accepted: {settings}{elsewhere}"
 
 
+class SweepRefused(BaseException):
+    """A sweep stopped before its first job for an input error (`error`): Hydra turns an
+    Exception raised by a callback into a warning and goes on, so it travels as this."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+RAY_ANSWER_S = 5.0  # seconds a Ray cluster's address gets to accept a connection
+
+
+def check_ray_cluster(launcher: DictConfig) -> None:
+    """A sweep sent to a Ray cluster at HOST:PORT that nothing answers fails at once, saying so
+    (Ray itself retries for minutes, silently)."""
+    address = OmegaConf.select(launcher, "ray.init.address", default=None)
+    if not isinstance(address, str) or ":" not in address or "://" in address:
+        return  # none (Ray starts its own), "auto", or a client URL: Ray's own checks
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(
+            f"hydra.launcher.ray.init.address={address}: accepted: HOST:PORT of a Ray head, "
+            "or auto"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_ANSWER_S).close()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(
+            f"hydra.launcher.ray.init.address={address}: no Ray cluster answers there "
+            f"({reason}); start one (ray start --head) or use hydra/launcher=ray_local"
+        ) from None
+
+
 class SweepReport(Callback):
     """Hydra callback: after a multirun, count its jobs and fail loudly if any failed."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_ray_cluster(config.hydra.launcher)
+        except ConfigError as err:
+            raise SweepRefused(err) from None
         _SWEEPS_STARTED.append(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
