@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -143,10 +144,79 @@ def test_a_misspelled_sla_metric_is_refused_naming_the_accepted_ones():
         parse_sla_params([{"p99_ttft": "<=2"}, {"p99_ttfb": "<=2"}])
 
 
-def test_each_probe_measures_exactly_the_metrics_a_criterion_may_name():
-    cfg = capacity_cfg("capacity.num_requests=40", "capacity.mode=evalscope")
-    metrics = SimulatedService(cfg).evalscope_metrics(1.0, 1)
-    assert sorted(metrics) == sorted(EVALSCOPE_METRICS)
+@pytest.mark.parametrize("mode", ["evalscope", "steady_state"])
+def test_each_probe_measures_exactly_the_metrics_a_criterion_may_name(mode):
+    cfg = capacity_cfg("capacity.num_requests=40", f"capacity.mode={mode}")
+    service = SimulatedService(cfg)
+    measure = service.evalscope_metrics if mode == "evalscope" else service.steady_state_metrics
+    assert sorted(measure(1.0, 1)) == sorted([*EVALSCOPE_METRICS, "success_rate"])
+
+
+def test_sla_params_read_unicode_operators_as_evalscope_does():
+    (group,) = parse_sla_params([{"p99_ttft": "≤ 2000", "tps": "≥10", "rps": "≧\u20091"}])
+    assert [(c.op, c.threshold) for c in group] == [("<=", 2000.0), (">=", 10.0), (">=", 1.0)]
+
+
+def test_an_evalscope_rate_point_sends_twice_the_rate_in_requests_paced_to_end_at_n_over_rate():
+    """EvalScope: number = round(2 x rate); exponential gaps scaled so the last request is
+    sent at number / rate; the workload's own lengths."""
+    cfg = capacity_cfg("capacity.mode=evalscope", "capacity.variable=rate")
+    service = SimulatedService(cfg)
+    for rate in (1, 3, 7):
+        trace = service.evalscope_trace(float(rate), seed=5)
+        assert len(trace) == 2 * rate
+        assert trace.arrival[-1] == pytest.approx(2.0)  # number / rate = 2 s
+        assert np.all(np.diff(trace.arrival) >= 0) and trace.arrival[0] > 0
+    again = service.evalscope_trace(3.0, seed=5)
+    np.testing.assert_array_equal(again.arrival, service.evalscope_trace(3.0, seed=5).arrival)
+    cfg = capacity_cfg("capacity.mode=evalscope", "capacity.number_multiplier=0.5")
+    assert len(SimulatedService(cfg).evalscope_trace(3.0, seed=5)) == 2  # round(1.5)
+
+
+def test_an_evalscope_users_point_starts_its_users_a_dispatch_gap_apart():
+    cfg = capacity_cfg(
+        "capacity.mode=evalscope", "capacity.variable=concurrency", "capacity.dispatch_gap=0.001"
+    )
+    trace = SimulatedService(cfg).evalscope_trace(4.0, seed=1)
+    assert len(trace) == 8  # round(2 x 4) requests, each user sends 2
+    first = trace.arrival[trace.predecessor() < 0]  # each user's first request
+    np.testing.assert_allclose(np.sort(first), [0.0, 0.001, 0.002, 0.003], atol=1e-12)
+
+
+def test_point_metrics_in_evalscopes_units_and_rounding():
+    """A hand-computed point: three requests sent at 0, 1 and 2 s, one failed; TTFT and TPOT in
+    ms rounded to 2 decimals, latency in s to 4; rps and tps over first send to last end."""
+    from simulator.apps.capacity.cli import point_metrics
+
+    requests = pd.DataFrame(
+        {
+            "request_id": [0, 1, 2],
+            "client": ["c", "c", "c"],
+            "arrival": [0.0, 1.0, 2.0],
+            "status": ["completed", "completed", "rejected"],
+            "first_token_at": [0.1234567, 1.5, np.nan],
+            "finished_at": [1.1234567, 1.5, np.nan],
+            "tokens_emitted": [5, 1, 0],
+            "output_len": [5, 1, 3],
+            "prompt_len": [8, 8, 8],
+        }
+    )
+    tokens = pd.DataFrame(
+        {
+            "request_id": [0, 0, 0, 0, 0, 1],
+            "index": [0, 1, 2, 3, 4, 0],
+            "time": [0.1234567, 0.3734567, 0.6234567, 0.8734567, 1.1234567, 1.5],
+        }
+    )
+    m = point_metrics(requests, tokens)
+    assert m["success_rate"] == pytest.approx(2 / 3)
+    assert m["avg_ttft"] == round((123.4567 + 500.0) / 2, 2) == 311.73
+    assert m["avg_tpot"] == round((250.0 + 0.0) / 2, 2) == 125.0  # one token: TPOT 0
+    assert m["p99_ttft"] == 500.0 and m["p50_ttft"] == 500.0  # sorted[int(2 x 0.5)]
+    assert m["avg_latency"] == round((1.1234567 + 0.5) / 2, 4) == 0.8117
+    assert m["rps"] == round(2 / 1.5, 4) and m["tps"] == round(6 / 1.5, 4)
+    seconds = point_metrics(requests, tokens, scale=1.0, rounded=False)
+    assert seconds["avg_ttft"] == pytest.approx((0.1234567 + 0.5) / 2, rel=1e-12)
 
 
 def capacity_cfg(*overrides):

@@ -51,9 +51,12 @@ from traces.closed_loop import ClosedLoop
 from traces.schema import Trace
 from traces.synthetic import SyntheticWorkload
 
-MODES = ("etalon", "evalscope", "veeksha")
+MODES = ("etalon", "evalscope", "steady_state", "veeksha")
 VARIABLES = {"rate": "arrival rate (requests/s)", "concurrency": "concurrent users"}
-EVALSCOPE_UPPER = 1024  # evalscope's bound when capacity.upper is null
+# EvalScope's defaults (its SLA auto-tune arguments): the knob's upper bound when capacity.upper
+# is null, and requests per test point per unit of the knob
+EVALSCOPE_UPPER = 65536
+EVALSCOPE_MULTIPLIER = 2.0
 
 
 class SimulatedService:
@@ -126,8 +129,8 @@ class SimulatedService:
         scale = value / base.configured_rate()
         return dataclasses.replace(base, rate_scale=scale, duration=duration).build(seed)
 
-    def run(self, value: float, seed: int) -> tuple[Any, Any]:
-        trace = self.trace(value, seed)
+    def run(self, value: float, seed: int, evalscope: bool = False) -> tuple[Any, Any]:
+        trace = self.evalscope_trace(value, seed) if evalscope else self.trace(value, seed)
         policy = instantiate(self.cfg.policy, _convert_="all")
         timeline = simulate(trace, policy, self.cost, self.engine, self.cluster)
         return timeline.requests_frame(), timeline.tokens_frame()
@@ -139,31 +142,82 @@ class SimulatedService:
         measured = {r["slo_metric_key"]: r["observed_value"] for r in res["results"]}
         return bool(res["all_slos_met"]), measured
 
-    def evalscope_metrics(self, value: float, num_runs: int) -> dict[str, float]:
-        """EvalScope's metrics averaged over `num_runs` seeds (seed, seed + 1, ...)."""
-        runs = [self._measure(*self.run(value, int(self.cfg.seed) + k)) for k in range(num_runs)]
+    def steady_state_metrics(self, value: float, num_runs: int) -> dict[str, float]:
+        """EvalScope's metrics, in seconds and unrounded, of `capacity.num_requests` per run
+        (the steady state), averaged over `num_runs` seeds (seed, seed + 1, ...)."""
+        seeds = range(int(self.cfg.seed), int(self.cfg.seed) + num_runs)
+        runs = [point_metrics(*self.run(value, seed), scale=1.0, rounded=False) for seed in seeds]
         return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
-    @staticmethod
-    def _measure(requests: Any, tokens: Any) -> dict[str, float]:
-        done = requests[requests.status == "completed"]
-        lat = latency.per_request_latency(done, tokens, "evalscope")
-        duration = float(done.finished_at.max() - requests.arrival.min()) if len(done) else 0.0
+    def evalscope_metrics(self, value: float, num_runs: int) -> dict[str, float]:
+        """A test point as EvalScope's SLA auto-tune measures it: round(multiplier x value)
+        requests per run (`evalscope_trace`), its metrics in its units and rounding (TTFT and
+        TPOT in ms), averaged over `num_runs` runs (seeds seed, seed + 1, ...)."""
+        seeds = range(int(self.cfg.seed), int(self.cfg.seed) + num_runs)
+        runs = [point_metrics(*self.run(value, seed, evalscope=True)) for seed in seeds]
+        return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
-        def pct(v: np.ndarray) -> float:
-            return latency.percentile(v, 99, "evalscope")
+    def evalscope_trace(self, value: float, seed: int) -> Trace:
+        """The requests of one EvalScope test point: n = max(1, round(multiplier x value)).
+        Users (`concurrency`): `value` slots that each send their next request as soon as the
+        last one ends, the first ones `dispatch_gap` apart (EvalScope's client sends them one
+        after another). Rate: n requests whose exponential gaps are scaled so that the last is
+        sent at n / rate, as EvalScope paces them (no cap on requests in flight: EvalScope's
+        default, the upper bound's number of slots)."""
+        cap = self.cfg.capacity
+        count = max(1, round(value * float(cap.get("number_multiplier", EVALSCOPE_MULTIPLIER))))
+        if isinstance(self.workload, ClosedLoop):
+            users = min(int(value), count)
+            gap = float(cap.get("dispatch_gap", 0.0))
+            loop = dataclasses.replace(
+                self.workload, users=users, num_requests=count, start_spread=users * gap
+            )
+            return loop.build(seed)
+        base = self.workload
+        scale = value / base.configured_rate()
+        duration = 2.0 * count / value
+        while True:  # long enough to hold `count` requests of the workload's own mix
+            trace = dataclasses.replace(base, rate_scale=scale, duration=duration).build(seed)
+            if len(trace) >= count:
+                break
+            duration *= 2
+        gaps = np.random.default_rng(seed).exponential(1.0 / value, size=count)
+        sent = np.cumsum(gaps)
+        sent *= (count / value) / sent[-1]
+        return trace.take(np.arange(count), arrival=sent)
 
-        return {
-            "success_rate": len(done) / len(requests),
-            "avg_latency": float(lat.e2e.mean()),
-            "p99_latency": pct(lat.e2e.to_numpy()),
-            "avg_ttft": float(lat.ttft.mean()),
-            "p99_ttft": pct(lat.ttft.to_numpy()),
-            "avg_tpot": float(lat.tpot.mean()),
-            "p99_tpot": pct(lat.tpot.to_numpy()),
-            "rps": len(done) / duration if duration > 0 else 0.0,
-            "tps": float(done.output_len.sum()) / duration if duration > 0 else 0.0,
-        }
+
+def point_metrics(
+    requests: Any, tokens: Any, scale: float = 1000.0, rounded: bool = True
+) -> dict[str, float]:
+    """EvalScope's summary of one run (its BenchmarkMetrics and percentile table): completed
+    requests count, latency from sending to the last token, TPOT = (latency - TTFT) / (tokens
+    - 1) (0 for one token), percentiles by its rule (`latency.percentile`, "evalscope"), rps
+    and tps over the span from the first send to the last completion, and the share of
+    requests that completed (`success_rate`, 1 = all). EvalScope reports TTFT and TPOT in ms
+    rounded to 2 decimals and the rest rounded to 4 (`scale`, `rounded`); fairsim's steady state
+    keeps seconds (`scale=1`), unrounded but for the percentiles' 2 decimals."""
+    done = requests[requests.status == "completed"]
+    lat = latency.per_request_latency(done, tokens, "evalscope")
+    ended = requests.finished_at.to_numpy(dtype=float)
+    span = float(np.nanmax(ended) - requests.arrival.min()) if len(done) else 0.0
+
+    def fixed(value: float, places: int) -> float:
+        return round(value, places) if rounded else value
+
+    timed = {"ttft": lat.ttft.to_numpy() * scale, "tpot": lat.tpot.to_numpy() * scale}
+    out = {
+        "success_rate": len(done) / len(requests),
+        "avg_latency": fixed(float(lat.e2e.mean()), 4),
+        "p99_latency": latency.percentile(lat.e2e.to_numpy(), 99, "evalscope"),
+        "rps": fixed(len(done) / span, 4) if span > 0 else 0.0,
+        "tps": fixed(float(done.tokens_emitted.sum()) / span, 4) if span > 0 else 0.0,
+    }
+    for name, values in timed.items():
+        out[f"avg_{name}"] = fixed(float(values.mean()), 2)
+        for p in (50, 90, 99):
+            out[f"p{p}_{name}"] = latency.percentile(values, p, "evalscope")
+    return out
 
 
 def check_bounds(cap: DictConfig) -> None:
@@ -186,7 +240,7 @@ def check_bounds(cap: DictConfig) -> None:
         raise ConfigError(f"capacity.upper ({upper}) must be >= capacity.start ({cap.start})")
     if cap.mode == "veeksha" and int(cap.precision) < 0:
         raise ConfigError(f"capacity.precision must be an integer >= 0, got {cap.precision}")
-    if cap.mode == "evalscope":
+    if cap.mode in ("evalscope", "steady_state"):
         if not 1 <= lower <= start:
             raise ConfigError(f"capacity.lower must be in [1, start={cap.start}], got {lower}")
         if int(cap.num_runs) < 1:
@@ -200,12 +254,15 @@ def capacity_search(cfg: DictConfig) -> list[SearchResult]:
         raise ConfigError(f"capacity.mode: got {cap.mode!r}; accepted: {MODES}")
     check_bounds(cap)
     service = SimulatedService(cfg)
-    if cap.mode == "evalscope":
+    if cap.mode in ("evalscope", "steady_state"):
         groups = parse_sla_params(OmegaConf.to_container(cap.sla_params))  # type: ignore[arg-type]
         num_runs = int(cap.num_runs)
+        measure = (
+            service.evalscope_metrics if cap.mode == "evalscope" else service.steady_state_metrics
+        )
         return [
             evalscope_search(
-                lambda v: service.evalscope_metrics(float(v), num_runs),
+                lambda v: measure(float(v), num_runs),
                 group,
                 int(cap.start),
                 int(cap.lower),

@@ -29,11 +29,14 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     ">": operator.gt,
 }
-# the metrics an EvalScope criterion may name: what each probe measures (SimulatedService)
+# the metrics an EvalScope criterion may name (EvalScope's get_metric_values): what each probe
+# measures (SimulatedService), with a point's success rate, which is no criterion
 EVALSCOPE_METRICS = (
-    "success_rate", "avg_latency", "p99_latency", "avg_ttft", "p99_ttft", "avg_tpot", "p99_tpot",
-    "rps", "tps",
+    "avg_latency", "p99_latency", "avg_ttft", "p50_ttft", "p90_ttft", "p99_ttft",
+    "avg_tpot", "p50_tpot", "p90_tpot", "p99_tpot", "rps", "tps",
 )  # fmt: skip
+# EvalScope reads these signs as their ASCII operators (and drops thin spaces)
+UNICODE_OPERATORS = {"≤": "<=", "≥": ">=", "≧": ">=", "\u2009": ""}
 CRITERION = re.compile(r"^\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 ETALON_STOP_FRACTION = 0.025
 ETALON_GROW_FRACTION = 0.8
@@ -165,6 +168,8 @@ def parse_sla_params(groups: list[dict[str, str]]) -> list[list[Condition]]:
                     + ", ".join(EVALSCOPE_METRICS)
                 )
             text = str(text).strip()
+            for sign, ascii_sign in UNICODE_OPERATORS.items():
+                text = text.replace(sign, ascii_sign)
             if text in ("max", "min"):
                 conds.append(Condition(str(metric), text))
                 continue

@@ -263,8 +263,7 @@ def check_ray_cluster(launcher: DictConfig) -> None:
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise ConfigError(
-            f"hydra.launcher.ray.init.address={address}: accepted: HOST:PORT of a Ray head, "
-            "or auto"
+            f"hydra.launcher.ray.init.address={address}: accepted: HOST:PORT of a Ray head, or auto"
         )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_ANSWER_S).close()
