@@ -18,6 +18,7 @@ from simulator.apps.capacity.cli import (
 )
 from simulator.apps.capacity.searches import (
     EVALSCOPE_METRICS,
+    STEADY_STATE_UNITS,
     Condition,
     Probe,
     SearchResult,
@@ -152,9 +153,21 @@ def test_each_probe_measures_exactly_the_metrics_a_criterion_may_name(mode):
     assert sorted(measure(1.0, 1)) == sorted([*EVALSCOPE_METRICS, "success_rate"])
 
 
-def test_sla_params_read_unicode_operators_as_evalscope_does():
+def test_sla_params_read_operators_and_units_as_evalscope_does():
+    """EvalScope 1.14.1: a bare number is in the report's unit (TTFT, TPOT: ms; latency: s),
+    s or ms converts, unicode operators are read as ASCII."""
     (group,) = parse_sla_params([{"p99_ttft": "≤ 2000", "tps": "≥10", "rps": "≧\u20091"}])
     assert [(c.op, c.threshold) for c in group] == [("<=", 2000.0), (">=", 10.0), (">=", 1.0)]
+    (group,) = parse_sla_params(
+        [{"p99_ttft": "<=2s", "avg_tpot": "<50ms", "p99_latency": "<=500ms"}]
+    )
+    assert [c.threshold for c in group] == [2000.0, 50.0, 0.5]
+    (group,) = parse_sla_params([{"p99_ttft": "<=2"}], STEADY_STATE_UNITS)  # seconds there
+    assert group[0].threshold == 2.0
+    with pytest.raises(ValueError, match="unit 'ms' does not fit the metric, which is in tok/s"):
+        parse_sla_params([{"tps": ">=10ms"}])
+    with pytest.raises(ValueError, match="accepted: <=, >=, <, > followed by a number"):
+        parse_sla_params([{"p99_ttft": "<=two"}])
 
 
 def test_an_evalscope_rate_point_sends_twice_the_rate_in_requests_paced_to_end_at_n_over_rate():
@@ -171,6 +184,19 @@ def test_an_evalscope_rate_point_sends_twice_the_rate_in_requests_paced_to_end_a
     np.testing.assert_array_equal(again.arrival, service.evalscope_trace(3.0, seed=5).arrival)
     cfg = capacity_cfg("capacity.mode=evalscope", "capacity.number_multiplier=0.5")
     assert len(SimulatedService(cfg).evalscope_trace(3.0, seed=5)) == 2  # round(1.5)
+
+
+def test_with_evalscopes_seed_rate_points_send_when_evalscope_sends():
+    """EvalScope seeds numpy's legacy stream once (--seed) and draws each point's gaps from it
+    in turn; with capacity.client_seed the offline points draw the same numbers."""
+    cfg = capacity_cfg("capacity.mode=evalscope", "capacity.client_seed=7")
+    service = SimulatedService(cfg)
+    stream = np.random.RandomState(7)
+    for rate in (2.0, 4.0, 3.0):  # in the order a search probes them
+        n = round(2 * rate)
+        sent = np.cumsum(stream.exponential(1.0 / rate, size=n))
+        sent *= (n / rate) / sent[-1]
+        np.testing.assert_array_equal(service.evalscope_trace(rate, seed=0).arrival, sent)
 
 
 def test_an_evalscope_users_point_starts_its_users_a_dispatch_gap_apart():
@@ -211,8 +237,8 @@ def test_point_metrics_in_evalscopes_units_and_rounding():
     m = point_metrics(requests, tokens)
     assert m["success_rate"] == pytest.approx(2 / 3)
     assert m["avg_ttft"] == round((123.4567 + 500.0) / 2, 2) == 311.73
-    assert m["avg_tpot"] == round((250.0 + 0.0) / 2, 2) == 125.0  # one token: TPOT 0
-    assert m["p99_ttft"] == 500.0 and m["p50_ttft"] == 500.0  # sorted[int(2 x 0.5)]
+    assert m["avg_tpot"] == 250.0  # the one-token request has no TPOT and is left out
+    assert m["p99_ttft"] == 500.0 and m["p50_ttft"] == 123.4567  # nearest rank, 4 decimals
     assert m["avg_latency"] == round((1.1234567 + 0.5) / 2, 4) == 0.8117
     assert m["rps"] == round(2 / 1.5, 4) and m["tps"] == round(6 / 1.5, 4)
     seconds = point_metrics(requests, tokens, scale=1.0, rounded=False)

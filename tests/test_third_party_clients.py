@@ -1,11 +1,12 @@
-"""Third-party benchmark clients from the package index, GuideLLM and inference-perf, against
-`fairsim-serve` on loopback: what each measures (TTFT and inter-token latency medians) agrees
-with the times the server simulated.
+"""Third-party benchmark clients from the package index, GuideLLM, inference-perf and EvalScope,
+against `fairsim-serve` on loopback: what each measures (TTFT and inter-token latency medians)
+agrees with the times the server simulated, and EvalScope's SLA auto-tune finds the capacity
+`fairsim-capacity capacity.mode=evalscope` finds offline.
 
-Each lives in a virtual environment of its own (GuideLLM needs PyTorch, inference-perf Python
-3.12): the tests use the executables named by FAIRSIM_GUIDELLM and FAIRSIM_INFERENCE_PERF (as
-.ci/run sets them) or found on PATH, and skip otherwise. They run offline with tokenizers the
-tests build (no model hub)."""
+Each lives in a virtual environment of its own (GuideLLM and EvalScope need PyTorch,
+inference-perf Python 3.12): the tests use the executables named by FAIRSIM_GUIDELLM,
+FAIRSIM_EVALSCOPE and FAIRSIM_INFERENCE_PERF (as .ci/run sets them) or found on PATH, and skip
+otherwise. They run offline with tokenizers the tests build (no model hub)."""
 
 from __future__ import annotations
 
@@ -169,3 +170,81 @@ def test_inference_perf_measures_the_latencies_fairsim_serve_simulated(tmp_path:
     )
     assert abs(ttft - simulated_ttft) <= 10
     assert abs(itl - simulated_itl) <= 10
+
+
+# EvalScope's SLA auto-tune against fairsim-serve, and `fairsim-capacity capacity.mode=evalscope`
+# offline on the same engine, policy and lengths: EvalScope's chat template adds 16 characters
+# to each 1,024-character prompt, 260 tokens at fairsim-serve's 4 characters a token
+PROMPT_TOKENS, OUTPUT_TOKENS = 260, 48
+SLA = '[{"p99_ttft": "<=1000"}]'
+
+
+def offline_capacity(variable: str, start: int, seed: int) -> tuple[int | None, dict[int, float]]:
+    """fairsim-capacity's EvalScope mode offline: the value found and each point's p99 TTFT."""
+    from simulator.api import compose_config
+    from simulator.apps.capacity.cli import capacity_search
+
+    fixed = "{_target_: traces.Fixed, value: %d}"
+    cfg = compose_config(
+        [
+            "capacity.mode=evalscope",
+            f"capacity.variable={variable}",
+            f"capacity.start={start}",
+            "capacity.num_runs=1",
+            f"capacity.client_seed={seed}",
+            "policy=fcfs",
+            "~workload.clients.0.prompt",
+            f"+workload.clients.0.prompt={fixed % PROMPT_TOKENS}",
+            "~workload.clients.0.output",
+            f"+workload.clients.0.output={fixed % OUTPUT_TOKENS}",
+            "capacity.sla_params=" + SLA.replace('"p99_ttft"', "p99_ttft"),
+        ],
+        "capacity",
+    )
+    (result,) = capacity_search(cfg)
+    found = None if result.best_value is None else int(result.best_value)
+    return found, {int(p.value): p.metrics["p99_ttft"] for p in result.history}
+
+
+@pytest.mark.parametrize("variable", ["parallel", "rate"])
+def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_path, variable):
+    """The same value for a concurrency and a rate search, and each point's p99 TTFT within 5%
+    or 15 ms (measured: 1-2%, or 4 ms, above the simulation: the client's and the loopback's
+    own time). Rate
+    points send at random times: both draw them from EvalScope's seeded stream."""
+    exe = installed("FAIRSIM_EVALSCOPE", "evalscope", "PyTorch")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"{f'p{i:03d} ' + 'lorem ipsum ' * 90:.1024}\n" for i in range(400)))
+    server = Server(tmp_path / "server", "policy=fcfs")
+    load = ["--parallel", "2"] if variable == "parallel" else ["--rate", "2"]
+    try:
+        args = [
+            "perf", "--url", f"{server.url}/chat/completions", "--api", "openai",
+            "--model", "fairsim", "--dataset", "line_by_line", "--dataset-path", str(prompts),
+            "--max-tokens", str(OUTPUT_TOKENS), "--min-tokens", str(OUTPUT_TOKENS), "--stream",
+            *load, "--sla-auto-tune", "--sla-variable", variable, "--sla-params", SLA,
+            "--sla-num-runs", "1", "--seed", "7", "--outputs-dir", str(tmp_path / "evalscope"),
+        ]  # fmt: skip
+        res = subprocess.run(
+            [str(exe), *args], capture_output=True, text=True, timeout=400, cwd=tmp_path,
+            env={**os.environ, **OFFLINE},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        server.stop()
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    (summary,) = (tmp_path / "evalscope").glob("*/*/sla_summary.json")
+    measured = {}
+    for key, point in json.loads(summary.read_text()).items():
+        labels = point["percentiles"]["Percentiles"]
+        measured[int(key.rsplit("_", 1)[1])] = point["percentiles"]["TTFT (ms)"][
+            labels.index("99%")
+        ]
+    passed = [v for v, ttft in measured.items() if ttft <= 1000]
+    selected = max(passed) if passed else None
+    found, simulated = offline_capacity("concurrency" if variable == "parallel" else "rate", 2, 7)
+    print(f"EvalScope {variable}: {selected} ({measured}); fairsim offline: {found} ({simulated})")
+    assert selected == found
+    for value in set(measured) & set(simulated):  # 5%, or 15 ms for the shortest TTFTs
+        assert abs(simulated[value] - measured[value]) <= max(0.05 * measured[value], 15), value

@@ -9,11 +9,12 @@ Latency conventions (`convention=`), which differ only in TPOT:
 TTFT = t_1 - arrival, E2E = t_n - arrival, normalized E2E = E2E / n, output throughput = n / E2E
 (in the simulator a request is dispatched when it arrives, so Veeksha's TTFC equals TTFT). TBT
 samples are every gap after the first token, pooled over requests. Percentiles are numpy's linear
-interpolation unless `method="evalscope"` (sorted[int(n p / 100)], rounded to 2 decimals).
+interpolation unless `method="evalscope"` (nearest rank ceil(n p / 100), rounded to 4 decimals).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -155,8 +156,9 @@ def gaps_within(times: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def percentile(values: np.ndarray, p: float, method: str = "linear") -> float:
     """The p-th percentile (0..100) of the non-NaN values; NaN when there are none.
 
-    `linear`: numpy's default interpolation. `evalscope`: EvalScope's rule, the element at index
-    int(n p / 100) of the sorted values (the last one for p = 100), rounded to 2 decimals.
+    `linear`: numpy's default interpolation. `evalscope`: EvalScope's rule (1.14.1), the nearest
+    rank: the element at rank ceil(n p / 100) of the sorted values (the first for p = 0, the
+    last for p = 100), rounded to 4 decimals.
     """
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
@@ -168,7 +170,8 @@ def percentile(values: np.ndarray, p: float, method: str = "linear") -> float:
         return float(np.percentile(v, p))
     if method == "evalscope":
         v = np.sort(v)
-        return round(float(v[min(int(v.size * p / 100), v.size - 1)]), 2)
+        rank = v.size if p >= 100 else max(1, math.ceil(v.size * p / 100))
+        return round(float(v[rank - 1]), 4)
     raise ConfigError(f"unknown percentile method {method!r}; accepted: {PERCENTILE_METHODS}")
 
 

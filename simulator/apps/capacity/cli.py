@@ -31,6 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from simulator.api.prefill_profile import profile_prefill
 from simulator.api.run import config_slos, instantiate_parts, what_ran
 from simulator.apps.capacity.searches import (
+    EVALSCOPE_UNITS,
+    STEADY_STATE_UNITS,
     SearchResult,
     etalon_search,
     evalscope_search,
@@ -80,6 +82,7 @@ class SimulatedService:
             else None
         )
         self.slos = config_slos(cfg)
+        self._evalscope_rng: np.random.RandomState | None = None  # see _client_rng
 
     def _workload(self, workload: Any, cap: DictConfig) -> SyntheticWorkload | ClosedLoop:
         kind = type(workload).__name__
@@ -128,6 +131,17 @@ class SimulatedService:
         duration = self.num_requests / value if self.num_requests else base.duration
         scale = value / base.configured_rate()
         return dataclasses.replace(base, rate_scale=scale, duration=duration).build(seed)
+
+    def _client_rng(self, seed: int) -> np.random.Generator | np.random.RandomState:
+        """Where a rate point's gaps come from: with `capacity.client_seed` (EvalScope's
+        --seed), one legacy numpy stream seeded once and drawn point after point in the order
+        the search probes them, as EvalScope draws them, so that both send at the same times;
+        without, a stream of the run's own seed."""
+        if self.cfg.capacity.get("client_seed") is None:
+            return np.random.default_rng(seed)
+        if self._evalscope_rng is None:
+            self._evalscope_rng = np.random.RandomState(int(self.cfg.capacity.client_seed))
+        return self._evalscope_rng
 
     def run(self, value: float, seed: int, evalscope: bool = False) -> tuple[Any, Any]:
         trace = self.evalscope_trace(value, seed) if evalscope else self.trace(value, seed)
@@ -181,7 +195,7 @@ class SimulatedService:
             if len(trace) >= count:
                 break
             duration *= 2
-        gaps = np.random.default_rng(seed).exponential(1.0 / value, size=count)
+        gaps = self._client_rng(seed).exponential(1.0 / value, size=count)
         sent = np.cumsum(gaps)
         sent *= (count / value) / sent[-1]
         return trace.take(np.arange(count), arrival=sent)
@@ -192,13 +206,14 @@ def point_metrics(
 ) -> dict[str, float]:
     """EvalScope's summary of one run (its BenchmarkMetrics and percentile table): completed
     requests count, latency from sending to the last token, TPOT = (latency - TTFT) / (tokens
-    - 1) (0 for one token), percentiles by its rule (`latency.percentile`, "evalscope"), rps
+    - 1) (none for one token), percentiles by its rule (`latency.percentile`, "evalscope"), rps
     and tps over the span from the first send to the last completion, and the share of
     requests that completed (`success_rate`, 1 = all). EvalScope reports TTFT and TPOT in ms
     rounded to 2 decimals and the rest rounded to 4 (`scale`, `rounded`); fairsim's steady state
     keeps seconds (`scale=1`), unrounded but for the percentiles' 2 decimals."""
     done = requests[requests.status == "completed"]
     lat = latency.per_request_latency(done, tokens, "evalscope")
+    lat.loc[lat.tokens < 2, "tpot"] = np.nan  # no decode phase: no TPOT (left out, as EvalScope)
     ended = requests.finished_at.to_numpy(dtype=float)
     span = float(np.nanmax(ended) - requests.arrival.min()) if len(done) else 0.0
 
@@ -214,7 +229,8 @@ def point_metrics(
         "tps": fixed(float(done.tokens_emitted.sum()) / span, 4) if span > 0 else 0.0,
     }
     for name, values in timed.items():
-        out[f"avg_{name}"] = fixed(float(values.mean()), 2)
+        present = values[~np.isnan(values)]
+        out[f"avg_{name}"] = fixed(float(present.mean()), 2) if present.size else 0.0
         for p in (50, 90, 99):
             out[f"p{p}_{name}"] = latency.percentile(values, p, "evalscope")
     return out
@@ -255,7 +271,8 @@ def capacity_search(cfg: DictConfig) -> list[SearchResult]:
     check_bounds(cap)
     service = SimulatedService(cfg)
     if cap.mode in ("evalscope", "steady_state"):
-        groups = parse_sla_params(OmegaConf.to_container(cap.sla_params))  # type: ignore[arg-type]
+        units = EVALSCOPE_UNITS if cap.mode == "evalscope" else STEADY_STATE_UNITS
+        groups = parse_sla_params(OmegaConf.to_container(cap.sla_params), units)  # type: ignore[arg-type]
         num_runs = int(cap.num_runs)
         measure = (
             service.evalscope_metrics if cap.mode == "evalscope" else service.steady_state_metrics

@@ -29,15 +29,24 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     ">": operator.gt,
 }
-# the metrics an EvalScope criterion may name (EvalScope's get_metric_values): what each probe
-# measures (SimulatedService), with a point's success rate, which is no criterion
-EVALSCOPE_METRICS = (
-    "avg_latency", "p99_latency", "avg_ttft", "p50_ttft", "p90_ttft", "p99_ttft",
-    "avg_tpot", "p50_tpot", "p90_tpot", "p99_tpot", "rps", "tps",
-)  # fmt: skip
+# the metrics an EvalScope criterion may name (its SLA_METRIC_FIELDS) and the unit EvalScope's
+# report gives each in: a bare threshold is read in it (EvalScope 1.14.1). Each probe measures
+# them (SimulatedService), with its success rate, which is no criterion.
+EVALSCOPE_UNITS = {
+    "avg_latency": "s", "p99_latency": "s",
+    "avg_ttft": "ms", "p50_ttft": "ms", "p90_ttft": "ms", "p99_ttft": "ms",
+    "avg_tpot": "ms", "p50_tpot": "ms", "p90_tpot": "ms", "p99_tpot": "ms",
+    "rps": "req/s", "tps": "tok/s",
+}  # fmt: skip
+EVALSCOPE_METRICS = tuple(EVALSCOPE_UNITS)
+# fairsim's steady-state mode: every time in seconds
+STEADY_STATE_UNITS = {k: "s" if u == "ms" else u for k, u in EVALSCOPE_UNITS.items()}
+SECONDS_PER = {"s": 1.0, "ms": 0.001}  # the time units a threshold may carry
 # EvalScope reads these signs as their ASCII operators (and drops thin spaces)
 UNICODE_OPERATORS = {"≤": "<=", "≥": ">=", "≧": ">=", "\u2009": ""}
-CRITERION = re.compile(r"^\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+CRITERION = re.compile(
+    r"^(<=|>=|<|>)\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z/%]*)$"
+)
 ETALON_STOP_FRACTION = 0.025
 ETALON_GROW_FRACTION = 0.8
 
@@ -144,8 +153,25 @@ class Condition:
         )
 
 
-def parse_sla_params(groups: list[dict[str, str]]) -> list[list[Condition]]:
-    """EvalScope's `--sla-params`: a list of groups {metric: "<=2" | "max" | "min", ...}."""
+def _to_unit(suffix: str, unit: str, group: str, metric: str) -> float:
+    """The factor taking a threshold written in `suffix` (none: `unit` itself) to `unit`."""
+    if not suffix or suffix == unit:
+        return 1.0
+    if suffix in SECONDS_PER and unit in SECONDS_PER:
+        return SECONDS_PER[suffix] / SECONDS_PER[unit]
+    raise ConfigError(
+        f"capacity.sla_params[{group}], field '{metric}': unit {suffix!r} does not fit the "
+        f"metric, which is in {unit}; accepted: a bare number in {unit}"
+        + (", or one ending in s or ms" if unit in SECONDS_PER else "")
+    )
+
+
+def parse_sla_params(
+    groups: list[dict[str, str]], units: dict[str, str] = EVALSCOPE_UNITS
+) -> list[list[Condition]]:
+    """EvalScope's `--sla-params`: a list of groups {metric: "<=2" | "max" | "min", ...}. A
+    bare threshold is in the metric's unit (`units`: EvalScope's report units by default); one
+    ending in s or ms is converted to it, as EvalScope does."""
     if not isinstance(groups, list) or not groups:
         raise ConfigError(
             f"capacity.sla_params: got {groups!r}; accepted: a non-empty list of "
@@ -174,12 +200,14 @@ def parse_sla_params(groups: list[dict[str, str]]) -> list[list[Condition]]:
                 conds.append(Condition(str(metric), text))
                 continue
             m = CRITERION.match(text)
-            if m is None:
+            if m is None or not math.isfinite(float(m.group(2))):
                 raise ConfigError(
                     f"capacity.sla_params[{i}], field '{metric}': got {text!r}; "
-                    "accepted: <=, >=, <, > followed by a number, or max / min"
+                    "accepted: <=, >=, <, > followed by a number (and s or ms for a time), "
+                    "or max / min"
                 )
-            conds.append(Condition(str(metric), m.group(1), float(m.group(2))))
+            threshold = float(m.group(2)) * _to_unit(m.group(3), units[metric], f"{i}", metric)
+            conds.append(Condition(str(metric), m.group(1), threshold))
         if any(c.op in ("max", "min") for c in conds) and (len(conds) > 1 or len(groups) > 1):
             raise ConfigError(
                 f"capacity.sla_params[{i}]: max/min must be the only criterion of "
