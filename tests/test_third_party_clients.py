@@ -73,31 +73,37 @@ def simulated_medians(server: Path) -> tuple[float, float]:
     return 1e3 * np.median(requests.first_token_at - requests.arrival), 1e3 * np.median(gaps)
 
 
-def test_guidellm_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path):
-    exe = installed("FAIRSIM_GUIDELLM", "guidellm", "PyTorch")
-    tokenizer = tmp_path / "tokenizer"
-    subprocess.run([str(exe.parent / "python"), "-c", TOKENIZER, str(tokenizer)], check=True)
-    server = Server(tmp_path / "server", "policy=fcfs")
+def run_against(server: Server, argv: list[str], cwd: Path, timeout: int) -> None:
+    """Run a client against the server, then stop the server (it writes its run folder);
+    the server is killed if the client failed."""
     try:
-        args = [
-            "run",
-            f"--backend=kind=openai_http,target={server.url.removesuffix('/v1')}",
-            "--profile=kind=constant,rate=4",
-            "--constraint=kind=max_requests,count=24",
-            "--data=kind=synthetic_text,prompt_tokens=256,output_tokens=48",
-            f"--tokenizer=kind=hf_auto,model={tokenizer}",
-            f"--output=kind=json,path={tmp_path / 'guidellm.json'}",
-            "--disable-progress",
-        ]
-        env = {**os.environ, **OFFLINE}
         res = subprocess.run(
-            [str(exe), *args], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env
-        )
+            argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+            env={**os.environ, **OFFLINE},
+        )  # fmt: skip
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         server.stop()
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+def test_guidellm_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path):
+    exe = installed("FAIRSIM_GUIDELLM", "guidellm", "PyTorch")
+    tokenizer = tmp_path / "tokenizer"
+    subprocess.run([str(exe.parent / "python"), "-c", TOKENIZER, str(tokenizer)], check=True)
+    server = Server(tmp_path / "server", "policy=fcfs")
+    args = [
+        "run",
+        f"--backend=kind=openai_http,target={server.url.removesuffix('/v1')}",
+        "--profile=kind=constant,rate=4",
+        "--constraint=kind=max_requests,count=24",
+        "--data=kind=synthetic_text,prompt_tokens=256,output_tokens=48",
+        f"--tokenizer=kind=hf_auto,model={tokenizer}",
+        f"--output=kind=json,path={tmp_path / 'guidellm.json'}",
+        "--disable-progress",
+    ]
+    run_against(server, [str(exe), *args], tmp_path, 240)
     report = json.loads((tmp_path / "guidellm.json").read_text())["benchmarks"][0]
     measured = report["requests"]["successful"]
     requests = pd.read_parquet(tmp_path / "server" / "requests.parquet")
@@ -145,17 +151,7 @@ def test_inference_perf_measures_the_latencies_fairsim_serve_simulated(tmp_path:
         "storage": {"local_storage": {"path": str(tmp_path / "report")}},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    try:
-        res = subprocess.run(
-            [str(exe), "--config_file", str(tmp_path / "config.yaml")],
-            capture_output=True, text=True, timeout=240, cwd=tmp_path,
-            env={**os.environ, **OFFLINE},
-        )  # fmt: skip
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        server.stop()
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
+    run_against(server, [str(exe), "--config_file", str(tmp_path / "config.yaml")], tmp_path, 240)
     report = json.loads((tmp_path / "report" / "summary_lifecycle_metrics.json").read_text())
     served = pd.read_parquet(tmp_path / "server" / "requests.parquet")
     assert report["successes"]["count"] == len(served) == 24 and not report["failures"]["count"]
@@ -217,30 +213,19 @@ def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_p
     prompts.write_text("".join(f"{f'p{i:03d} ' + 'lorem ipsum ' * 90:.1024}\n" for i in range(400)))
     server = Server(tmp_path / "server", "policy=fcfs")
     load = ["--parallel", "2"] if variable == "parallel" else ["--rate", "2"]
-    try:
-        args = [
-            "perf", "--url", f"{server.url}/chat/completions", "--api", "openai",
-            "--model", "fairsim", "--dataset", "line_by_line", "--dataset-path", str(prompts),
-            "--max-tokens", str(OUTPUT_TOKENS), "--min-tokens", str(OUTPUT_TOKENS), "--stream",
-            *load, "--sla-auto-tune", "--sla-variable", variable, "--sla-params", SLA,
-            "--sla-num-runs", "1", "--seed", "7", "--outputs-dir", str(tmp_path / "evalscope"),
-        ]  # fmt: skip
-        res = subprocess.run(
-            [str(exe), *args], capture_output=True, text=True, timeout=400, cwd=tmp_path,
-            env={**os.environ, **OFFLINE},
-        )  # fmt: skip
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        server.stop()
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
+    args = [
+        "perf", "--url", f"{server.url}/chat/completions", "--api", "openai",
+        "--model", "fairsim", "--dataset", "line_by_line", "--dataset-path", str(prompts),
+        "--max-tokens", str(OUTPUT_TOKENS), "--min-tokens", str(OUTPUT_TOKENS), "--stream",
+        *load, "--sla-auto-tune", "--sla-variable", variable, "--sla-params", SLA,
+        "--sla-num-runs", "1", "--seed", "7", "--outputs-dir", str(tmp_path / "evalscope"),
+    ]  # fmt: skip
+    run_against(server, [str(exe), *args], tmp_path, 400)
     (summary,) = (tmp_path / "evalscope").glob("*/*/sla_summary.json")
     measured = {}
     for key, point in json.loads(summary.read_text()).items():
-        labels = point["percentiles"]["Percentiles"]
-        measured[int(key.rsplit("_", 1)[1])] = point["percentiles"]["TTFT (ms)"][
-            labels.index("99%")
-        ]
+        p99 = point["percentiles"]["Percentiles"].index("99%")
+        measured[int(key.rsplit("_", 1)[1])] = point["percentiles"]["TTFT (ms)"][p99]
     passed = [v for v, ttft in measured.items() if ttft <= 1000]
     selected = max(passed) if passed else None
     found, simulated = offline_capacity("concurrency" if variable == "parallel" else "rate", 2, 7)
