@@ -113,6 +113,14 @@ def test_tenants_stream_at_once_with_exact_chunks_and_usage_and_the_run_is_its_o
     writes = pd.read_parquet(server.folder / "socket_writes.parquet")
     assert len(writes) == sum(5 + 7 * i for i in range(9))
     assert (writes.lag >= -1e-9).all()  # never written before its simulated time
+    # released by the driver at or after its time, written by its stream after its release
+    assert (writes.release_lag >= -1e-9).all() and (writes.write_lag >= 0).all()
+    np.testing.assert_allclose(writes.lag, writes.release_lag + writes.write_lag, atol=1e-12)
+    summary = json.loads((server.folder / "summary.json").read_text())
+    lag, scale = summary["socket_lag"], summary["clock"]["time_scale"]
+    assert lag["tokens"] == len(writes)  # in wall-clock ms: simulated seconds / time scale
+    assert lag["lag_ms"]["p99"] == pytest.approx(1000 * np.percentile(writes.lag, 99) / scale)
+    assert lag["gc_pauses"]["count"] >= 0 and lag["gc_pauses"]["total_ms"] >= 0
 
 
 @pytest.mark.parametrize("server", [("policy=rpm", "policy.limit=1")], indirect=True)

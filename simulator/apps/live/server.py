@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import json
 import math
@@ -107,6 +108,7 @@ class Stream:
     events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
     sim_times: list[float] = field(default_factory=list)
     written_at: list[float] = field(default_factory=list)  # simulated-clock time of each write
+    released_at: list[float] = field(default_factory=list)  # ... when the driver handed it out
     outcome: str = "in_flight"
     client_request_id: str | None = None  # the X-Request-Id header, if the client sent one
 
@@ -148,6 +150,8 @@ class LiveEngine:
         self.finished: list[Stream] = []
         self.wake = asyncio.Event()
         self.stopped = False
+        self.gc_pauses: list[float] = []  # seconds each garbage collection held the loop
+        self._gc_started = 0.0
 
     def slot(self, client: str) -> int:
         if client not in self.clients:
@@ -201,27 +205,39 @@ class LiveEngine:
         """Advance the simulation to the present whenever a step ends or a request arrives,
         and hand out the tokens produced."""
         session = self.session
-        while not self.stopped:
-            now = self.clock.now()
-            if now > session.now:
-                session.advance(now)
-            for news in session.emitted():
-                stream = self.streams[news.row]
-                for t in news.times:
-                    stream.events.put_nowait(("token", t))
-                if news.ended:
-                    stream.events.put_nowait(("end", news.status, news.reason))
-                    del self.streams[news.row]
-            due = session.next_event()
-            self.wake.clear()
-            timeout = None if due == math.inf else self.clock.seconds_until(due)
-            if timeout is not None and timeout < TIMER_RESOLUTION:
-                await asyncio.sleep(0)  # the last millisecond: yield, don't sleep (see above)
-                continue
-            with contextlib.suppress(TimeoutError):  # a step is due
-                await asyncio.wait_for(
-                    self.wake.wait(), None if timeout is None else timeout - TIMER_RESOLUTION
-                )
+        gc.callbacks.append(self._time_gc)
+        try:
+            while not self.stopped:
+                now = self.clock.now()
+                if now > session.now:
+                    session.advance(now)
+                handed = self.clock.now()  # the tokens' release: the write lag starts here
+                for news in session.emitted():
+                    stream = self.streams[news.row]
+                    for t in news.times:
+                        stream.events.put_nowait(("token", t, handed))
+                    if news.ended:
+                        stream.events.put_nowait(("end", news.status, news.reason))
+                        del self.streams[news.row]
+                due = session.next_event()
+                self.wake.clear()
+                timeout = None if due == math.inf else self.clock.seconds_until(due)
+                if timeout is not None and timeout < TIMER_RESOLUTION:
+                    await asyncio.sleep(0)  # the last millisecond: yield, don't sleep (see above)
+                    continue
+                with contextlib.suppress(TimeoutError):  # a step is due
+                    await asyncio.wait_for(
+                        self.wake.wait(), None if timeout is None else timeout - TIMER_RESOLUTION
+                    )
+        finally:
+            gc.callbacks.remove(self._time_gc)
+
+    def _time_gc(self, phase: str, info: dict[str, int]) -> None:
+        """gc's callback: each collection's pause, which delays every token due meanwhile."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_pauses.append(time.perf_counter() - self._gc_started)
 
 
 # ---- the HTTP handlers -------------------------------------------------------------------
@@ -554,6 +570,7 @@ async def _stream(
             await _send_event(response, head + WORDS[k % len(WORDS)][k > 0] + tail)
             stream.sim_times.append(event[1])
             stream.written_at.append(engine.clock.now())
+            stream.released_at.append(event[2])
             k += 1
             event = await stream.events.get()
         if usage is not None:
