@@ -455,3 +455,40 @@ def test_the_servers_run_folder_is_scored_as_an_offline_runs_is(server: Server):
         assert (metrics / name).stat().st_size > 0, name
     rows = gzip.decompress((metrics / "request_level_metrics.jsonl.gz").read_bytes()).splitlines()
     assert len(rows) == 4
+
+
+def test_warmup_rows_are_the_first_requests_and_those_soon_after_the_first():
+    from simulator.apps.live.serve import warmup_rows
+
+    arrival = np.array([3.0, 1.0, np.nan, 1.5, 9.0])  # row 2 never sent
+    assert warmup_rows(arrival, 0, 0.0).tolist() == [False] * 5
+    assert warmup_rows(arrival, 2, 0.0).tolist() == [False, True, False, True, False]
+    assert warmup_rows(arrival, 1, 2.5).tolist() == [True, True, False, True, False]
+    assert not warmup_rows(np.array([np.nan]), 3, 1.0).any()
+
+
+@pytest.mark.parametrize(
+    "server", [("serve.warmup_requests=2", "serve.exclude_warmup=true")], indirect=True
+)
+def test_warmup_requests_are_kept_apart_from_the_scored_run(server: Server):
+    """A client's two warm-up requests land in warmup_requests.parquet (and their tokens in
+    warmup_tokens.parquet), marked; the summary and metrics/ score the other three."""
+
+    async def five() -> None:
+        api = client(server)
+        for i in range(5):  # one after another: the first two to arrive are the warm-up
+            await stream_chat(api, "alice", 4 + i)
+
+    asyncio.run(five())
+    server.stop()
+    folder = server.folder
+    aside = pd.read_parquet(folder / "warmup_requests.parquet")
+    kept = pd.read_parquet(folder / "requests.parquet")
+    assert aside.warmup.all() and not kept.warmup.any()
+    assert sorted(aside.output_len) == [4, 5] and sorted(kept.output_len) == [6, 7, 8]
+    assert len(pd.read_parquet(folder / "warmup_tokens.parquet")) == 4 + 5
+    assert len(pd.read_parquet(folder / "tokens.parquet")) == 6 + 7 + 8
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["requests"] == 3 and summary["output_tokens"] == 21
+    rows = gzip.decompress((folder / "metrics" / "request_level_metrics.jsonl.gz").read_bytes())
+    assert len(rows.splitlines()) == 3

@@ -48,6 +48,7 @@ from simulator.report.run_folder import (
     json_safe,
     mark_completed,
     run_tables,
+    write_parquet,
     write_run,
     write_summary,
 )
@@ -248,13 +249,15 @@ def write_scored_run(
     cfg: DictConfig,
     engine_parts: Callable[[], tuple[StepCostModel, EngineConfig]],
     check_rate: bool = True,
+    set_aside: np.ndarray | None = None,
 ) -> RunOutputs:
     """The run folder of a timeline made outside `run_config` (a live session, a measured
     run), scored as `run_config` scores one: QoE, SLOs and the Veeksha files, if the config
     asks. `engine_parts` gives the cost model and engine the QoE deadlines are read from (only
     called then); `check_rate=False` skips Veeksha's check of the arrivals against the
-    workload's rate (clients chose them). Left marked running, for the caller to add to its
-    summary and `finish_run`."""
+    workload's rate (clients chose them). `set_aside` (a mask over the request rows) takes
+    requests out of the scored tables into warmup_requests.parquet and warmup_tokens.parquet.
+    Left marked running, for the caller to add to its summary and `finish_run`."""
     resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     setup = None
     if cfg.get("qoe") and len(timeline.arrival):
@@ -263,6 +266,8 @@ def write_scored_run(
             setup = dataclasses.replace(setup, configured_rate=None)
     with Worker(prepare_plots) if setup and setup.veeksha else nullcontext() as plots:
         tables = run_tables(timeline)
+        if set_aside is not None:
+            tables = write_set_aside(tables, set_aside, Path(out_dir))
         qoe = score_qoe(setup, tables, out_dir, plots) if setup else None
         named = what_ran(cfg)
         outputs = write_run_with_qoe(
@@ -270,6 +275,19 @@ def write_scored_run(
         )
     outputs.summary["what_ran"] = named
     return outputs
+
+
+def write_set_aside(tables: RunTables, rows: np.ndarray, folder: Path) -> RunTables:
+    """Write the requests of `rows` (a mask over the request rows) and their tokens to
+    warmup_requests.parquet and warmup_tokens.parquet; return the tables without them."""
+    requests, tokens, steps = tables
+    aside = requests.request_id.to_numpy()[rows]
+    theirs = tokens.request_id.isin(aside).to_numpy()
+    folder.mkdir(parents=True, exist_ok=True)
+    write_parquet(requests[rows], folder / "warmup_requests.parquet")
+    write_parquet(tokens[theirs], folder / "warmup_tokens.parquet")
+    kept = requests[~rows].reset_index(drop=True)
+    return kept, tokens[~theirs].reset_index(drop=True), steps
 
 
 def qoe_setup(

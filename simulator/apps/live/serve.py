@@ -66,6 +66,12 @@ class ServeConfig:
     chars_per_token: float = 4.0  # prompt-length estimate for text (no tokenizer)
     tokenizer: str | None = None  # "module:function": text -> token count (or token ids)
     default_max_tokens: int = 256  # chat requests without max_tokens
+    # clients' warm-up and connection tests: the first `warmup_requests` requests, and those
+    # arriving within `warmup_seconds` of the first, are marked `warmup` in requests.parquet;
+    # `exclude_warmup` moves them to warmup_requests.parquet, out of the summary and metrics
+    warmup_requests: int = 0
+    warmup_seconds: float = 0.0
+    exclude_warmup: bool = False
 
     def __post_init__(self) -> None:
         self.clients, self.api_keys = dict(self.clients or {}), dict(self.api_keys or {})
@@ -87,6 +93,8 @@ class ServeConfig:
             ("grace", self.grace >= 0, "a number >= 0"),
             ("chars_per_token", self.chars_per_token > 0, "a number > 0"),
             ("default_max_tokens", self.default_max_tokens >= 1, "an integer >= 1"),
+            ("warmup_requests", self.warmup_requests >= 0, "an integer >= 0"),
+            ("warmup_seconds", self.warmup_seconds >= 0, "a number of seconds >= 0"),
         )
         for name, ok, accepted in checks:
             if not ok:
@@ -165,18 +173,27 @@ async def serve_until_signal(cfg: DictConfig, out_dir: str) -> None:
     live.stopped = True
     live.wake.set()
     await driver
-    write_folder(out_dir, cfg, session, live)
+    write_folder(out_dir, cfg, serve, session, live)
 
 
-def write_folder(out_dir: str, cfg: DictConfig, session: LiveSession, live: LiveEngine) -> None:
+def write_folder(
+    out_dir: str, cfg: DictConfig, serve: ServeConfig, session: LiveSession, live: LiveEngine
+) -> None:
     """The run folder of a live session, and the socket write time of every streamed token."""
     timeline = rename_clients(session.close(), live.clients)
     ids = np.full(len(timeline.arrival), None, dtype=object)
     for s in live.finished:
         ids[s.row] = s.client_request_id
     timeline.request_columns["client_request_id"] = ids  # X-Request-Id: joins a client's records
+    warmup = warmup_rows(np.asarray(timeline.arrival), serve.warmup_requests, serve.warmup_seconds)
+    timeline.request_columns["warmup"] = warmup
     outputs = write_scored_run(
-        timeline, out_dir, cfg, lambda: (session.cost, session.engine), check_rate=False
+        timeline,
+        out_dir,
+        cfg,
+        lambda: (session.cost, session.engine),
+        check_rate=False,
+        set_aside=warmup if serve.exclude_warmup else None,
     )
     # simulated time t happened at monotonic clock time started_monotonic + t / time_scale
     outputs.summary["clock"] = {
@@ -190,6 +207,20 @@ def write_folder(out_dir: str, cfg: DictConfig, session: LiveSession, live: Live
     finish_run(outputs, out_dir)
     done = outputs.summary["status_counts"]
     print(f"fairsim-serve: {len(timeline.arrival)} requests ({done}); run folder {out_dir}")
+
+
+def warmup_rows(arrival: np.ndarray, first: int, seconds: float) -> np.ndarray:
+    """Per request row: is it among the `first` requests to arrive, or did it arrive within
+    `seconds` of the first one (a client's warm-up or connection test)?"""
+    warmup = np.zeros(arrival.shape[0], dtype=bool)
+    sent = np.flatnonzero(~np.isnan(arrival))
+    if not sent.size:
+        return warmup
+    order = sent[np.argsort(arrival[sent], kind="stable")]
+    warmup[order[:first]] = True
+    if seconds > 0:
+        warmup[sent[arrival[sent] < arrival[order[0]] + seconds]] = True
+    return warmup
 
 
 def socket_writes(finished: list[Stream]) -> pd.DataFrame:
