@@ -180,7 +180,6 @@ def offline_capacity(variable: str, start: int, seed: int) -> tuple[int | None, 
     from simulator.api import compose_config
     from simulator.apps.capacity.cli import capacity_search
 
-    fixed = "{_target_: traces.Fixed, value: %d}"
     cfg = compose_config(
         [
             "capacity.mode=evalscope",
@@ -189,14 +188,13 @@ def offline_capacity(variable: str, start: int, seed: int) -> tuple[int | None, 
             "capacity.num_runs=1",
             f"capacity.client_seed={seed}",
             "policy=fcfs",
-            "~workload.clients.0.prompt",
-            f"+workload.clients.0.prompt={fixed % PROMPT_TOKENS}",
-            "~workload.clients.0.output",
-            f"+workload.clients.0.output={fixed % OUTPUT_TOKENS}",
+            "workload=fixed_chat",  # the lengths the client sends
             "capacity.sla_params=" + SLA.replace('"p99_ttft"', "p99_ttft"),
         ],
         "capacity",
     )
+    client = cfg.workload.clients[0]
+    assert (client.prompt.value, client.output.value) == (PROMPT_TOKENS, OUTPUT_TOKENS)
     (result,) = capacity_search(cfg)
     found = None if result.best_value is None else int(result.best_value)
     return found, {int(p.value): p.metrics["p99_ttft"] for p in result.history}
