@@ -34,7 +34,9 @@ def served_intervals(
 ) -> pd.DataFrame:
     """Per request: client, arrival, start/end of its tokens, service received, service asked.
 
-    `service` is h(n_p, n_q) (default linear 1/2). Completed requests received h(prompt, output);
+    `service` is h(n_p, n_q) (default linear 1/2); the demand is asked at linear prices (h's
+    own when h is linear, else 1/2), as the spec and the artifact price it. Completed requests
+    received h(prompt, output);
     with `tokens`, requests still running at the horizon count with the tokens they got so far.
     Requests that got no token have NaN start/end and service 0.
     """
@@ -50,6 +52,9 @@ def served_intervals(
         got = np.where(partial, requests["tokens_emitted"].to_numpy(), got)
     prompt = requests["prompt_len"].to_numpy(dtype=float)
     received = np.where(np.isnan(start), 0.0, h(prompt, got.astype(float)))
+    # demand is priced linearly whatever h is (the artifact's requested rate: its tables of the
+    # profiled h compare profiled service with linear demand)
+    linear = h if isinstance(h, LinearService) else LinearService()
     return pd.DataFrame(
         {
             "client": requests["client"].to_numpy(),
@@ -57,7 +62,7 @@ def served_intervals(
             "start": start,
             "end": end,
             "service": received,
-            "demand": h(prompt, requests["output_len"].to_numpy(dtype=float)),
+            "demand": linear(prompt, requests["output_len"].to_numpy(dtype=float)),
             "served": ~np.isnan(start),
         }
     )
