@@ -67,6 +67,10 @@ def run_case(lines: list[str], tmp_path: Path) -> list[list[str]]:
         pytest.skip("needs a running Ray cluster's address (HOST is a placeholder)")
     if any(marker in joined for marker in NEEDS_DATA) and not SHARED_DATA.exists():
         pytest.skip(f"reads {SHARED_DATA}, which is absent")
+    if "hydra/launcher=ray" in joined:
+        pytest.importorskip(
+            "hydra_plugins.hydra_ray_launcher", reason="the ray extra: pip install -e '.[ray]'"
+        )
     work = tmp_path / "work"
     work.mkdir()
     write_example_inputs(work)

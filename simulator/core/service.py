@@ -31,8 +31,10 @@ class LinearService:
 
 
 class ProfiledService:
-    """The VTC paper's profiled GPU time per request in ms (its Appendix B.2):
-    h(x, y) = 0.21001891 x + 0.10075395 y + 0.0039868 x y + 0.00324733 y^2 + 1.14601454.
+    """The VTC paper's profiled cost function (its Appendix B.2), with the coefficients of the
+    artifact's code (`cost_func` in fair_bench/plot/visualize.py), which produced the paper's
+    Tables 3 and 4: h(x, y) = 0.21001891 x + 0.10075395 y + 0.0039868 x y + 0.00324733 y^2 +
+    1.14601454. Appendix B.2 prints coefficients ten times larger (2.1, 1, 0.04, 0.032, 11.46).
     A fairness accounting function, not the engine's step time."""
 
     name = "profiled"

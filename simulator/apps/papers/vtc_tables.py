@@ -53,6 +53,9 @@ def _row(table: str, label: str, overrides: str, *numbers: float | None, **kw: i
 
 REAL = "experiment=vtc_real"
 PROFILED = "policy.service=profiled"
+# the artifact's FCFS run of the overload suite sent requests for 600 s, its VTC runs for 360 s
+# (each log's config says so: tests/test_vtc_artifact_logs.py)
+FCFS_OVERLOAD = "experiment=vtc_overload workload.duration=600"
 ROWS = (
     _row("2", "FCFS", f"{REAL} policy=fcfs", 759.97, 433.53, 32112.00, 777),
     _row("2", "LCF", f"{REAL} policy=lcf", 750.49, 323.82, 29088.90, 778),
@@ -91,22 +94,28 @@ ROWS = (
         747,
         rejected=176,
     ),
-    _row("3", "FCFS", f"{REAL} policy=fcfs", 743.23, 457.29, None, 777),
-    _row("3", "VTC", f"{REAL} policy=vtc {PROFILED}", 707.35, 368.74, None, 780),
-    _row("3", "VTC(predict)", f"{REAL} policy=vtc_predict {PROFILED}", 617.22, 337.05),
-    _row("3", "VTC(oracle)", f"{REAL} policy=vtc_oracle {PROFILED}", 387.43, 277.18),
-    _row("4", "FCFS", "experiment=vtc_overload policy=fcfs", 323.18, 317.13, None, 876),
-    _row("4", "VTC", f"experiment=vtc_overload policy=vtc {PROFILED}", 137.27, 74.87, None, 900),
+    _row("3", "FCFS", f"{REAL} policy=fcfs", 743.23, 457.29, 26645.42, 777),
+    _row("3", "LCF", f"{REAL} policy=lcf", 709.35, 384.78, 23299.20, 778),
+    _row("3", "VTC", f"{REAL} policy=vtc {PROFILED}", 707.35, 368.74, 21918.67, 780),
+    _row(
+        "3", "VTC(predict)", f"{REAL} policy=vtc_predict {PROFILED}", 617.22, 337.05, 11803.41, 778
+    ),
+    _row("3", "VTC(oracle)", f"{REAL} policy=vtc_oracle {PROFILED}", 387.43, 277.18, 4541.57, 783),
+    _row("3", "RPM(5)", f"{REAL} policy=rpm policy.limit=5", 230.78, 151.00, 823.15, 340),
+    _row("3", "RPM(20)", f"{REAL} policy=rpm policy.limit=20", 445.34, 270.51, 5938.52, 694),
+    _row("3", "RPM(30)", f"{REAL} policy=rpm policy.limit=30", 801.16, 377.22, 25980.39, 747),
+    _row("4", "FCFS", f"{FCFS_OVERLOAD} policy=fcfs", 323.18, 317.13, 15.98, 876),
+    _row("4", "VTC", f"experiment=vtc_overload policy=vtc {PROFILED}", 137.27, 74.87, 2819.40, 900),
     _row(
         "4",
         "VTC(oracle)",
         f"experiment=vtc_overload policy=vtc_oracle {PROFILED}",
         4.28,
         0.34,
-        None,
+        0.91,
         893,
     ),
-    _row("5", "FCFS", "experiment=vtc_overload policy=fcfs", 447, 439),
+    _row("5", "FCFS", f"{FCFS_OVERLOAD} policy=fcfs", 447, 439),
     _row("5", "VTC", "experiment=vtc_overload policy=vtc", 192.88, 103.77, 6981.24, 893),
     _row(
         "5",
@@ -126,9 +135,16 @@ ROWS = (
         99.43,
         66.32,
         487.10,
+        875,
     ),
     _row(
-        "6", "VTC(oracle)", "experiment=vtc_overload_multi policy=vtc_oracle", 43.23, 36.34, 56.52
+        "6",
+        "VTC(oracle)",
+        "experiment=vtc_overload_multi policy=vtc_oracle",
+        43.23,
+        36.34,
+        56.52,
+        875,
     ),
 )
 
