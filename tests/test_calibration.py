@@ -64,7 +64,7 @@ def test_real_trace_rows_within_the_papers_tolerances(row):
         assert m["throughput_tokens_per_s"] == pytest.approx(row.throughput, rel=0.05)
     if row.rejected is not None:
         assert m["rejected"] == pytest.approx(row.rejected, rel=0.10)
-    else:
+    elif not row.label.startswith("RPM"):  # Table 3 prints no rejected counts for RPM's rows
         assert m["rejected"] == 0
     if row.max_diff is not None:
         assert m["max_diff"] == pytest.approx(row.max_diff, rel=0.30)
