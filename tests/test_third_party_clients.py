@@ -202,10 +202,11 @@ def offline_capacity(variable: str, start: int, seed: int) -> tuple[int | None, 
 
 @pytest.mark.parametrize("variable", ["parallel", "rate"])
 def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_path, variable):
-    """The same value for a concurrency and a rate search, and each point's p99 TTFT within 5%
-    or 15 ms (measured: 1-2%, or 4 ms, above the simulation: the client's and the loopback's
-    own time). Rate
-    points send at random times: both draw them from EvalScope's seeded stream."""
+    """The same value for a concurrency and a rate search, and each point's p99 TTFT at most
+    5 ms below the simulation and at most 10% or 40 ms above it. The client's and the
+    loopback's own time only add: measured 1-2% above on an idle machine, 7.5% (25 ms) at
+    2 users under CI's load, where a point's p99 is its slowest of 4 requests. Rate points
+    send at random times: both draw them from EvalScope's seeded stream."""
     exe = installed("FAIRSIM_EVALSCOPE", "evalscope", "PyTorch")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"{f'p{i:03d} ' + 'lorem ipsum ' * 90:.1024}\n" for i in range(400)))
@@ -229,5 +230,6 @@ def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_p
     found, simulated = offline_capacity("concurrency" if variable == "parallel" else "rate", 2, 7)
     print(f"EvalScope {variable}: {selected} ({measured}); fairsim offline: {found} ({simulated})")
     assert selected == found
-    for value in set(measured) & set(simulated):  # 5%, or 15 ms for the shortest TTFTs
-        assert abs(simulated[value] - measured[value]) <= max(0.05 * measured[value], 15), value
+    for value in set(measured) & set(simulated):
+        assert measured[value] >= simulated[value] - 5, value
+        assert measured[value] <= simulated[value] + max(0.10 * simulated[value], 40), value

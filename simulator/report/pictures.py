@@ -182,7 +182,10 @@ def _draw_service(path: Path, p: RunPictures) -> None:
     top.set_ylabel("cumulative service\n(weighted tokens)")
     bottom.set_ylabel(f"service rate, {p.window:g} s window\n(weighted tokens/s)")
     bottom.set_xlabel("simulated time (s); dotted line: last arrival")
-    top.legend(fontsize=8, loc="upper left")
+    if len(p.cumulative.columns):
+        top.legend(fontsize=8, loc="upper left")
+    else:  # no token was served: say so rather than draw empty axes without a word
+        top.text(0.5, 0.5, "no service", ha="center", va="center", transform=top.transAxes)
     top.set_title("Service received per client", fontsize=11)
     fig.suptitle(p.title, fontsize=8, color="0.3")
     fig.text(

@@ -396,7 +396,10 @@ def _draw_distribution(
             axes[1].plot(x[shown], above[shown], **style)
     axes[0].set_ylabel(f"share of {unit} at or below")
     axes[0].set_ylim(0, 1.01)
-    axes[0].legend(fontsize=7, loc="lower right", title="client (values)", title_fontsize=7)
+    if any(v.size for v in lines.values()):
+        axes[0].legend(fontsize=7, loc="lower right", title="client (values)", title_fontsize=7)
+    else:  # e.g. no request completed: say so rather than draw empty axes without a word
+        axes[0].text(0.5, 0.5, "no values", ha="center", va="center", transform=axes[0].transAxes)
     if tail:
         axes[1].set_yscale("log")
         axes[1].set_ylabel(f"share of {unit} above (tail)")
