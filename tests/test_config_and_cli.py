@@ -170,6 +170,7 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
             ["workload.clients.0.rat=3"],
             "workload.clients.0.rat: not a setting of workload.clients.0; accepted: ['arrival', ",
         ),
+        (["qoe=null"], "qoe=null: qoe is a config group; accepted: one of its configs (etalon)"),
         (["compare_with=vtcc"], "compare_with=vtcc: no such policy; accepted: andes, dlpm, "),
         (["engine.pool_tokens=-5"], "engine.pool_tokens must be an integer >= 1"),
         (["engine.pool_tokens=10k"], "engine.pool_tokens='10k': expected an integer"),

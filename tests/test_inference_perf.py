@@ -127,3 +127,15 @@ def test_a_measured_runs_profile_gives_its_request_count_and_lengths():
     assert len(trace) == 5 * 600 + 10 * 600  # the run's 9,000 requests (all succeeded)
     assert set(trace.prompt_len.tolist()) == {1 + 100 + 466}
     assert len(set(trace.client.tolist())) == 11  # num_unique_system_prompts
+
+
+def test_the_workload_runs_vllms_first_come_first_served_unless_a_policy_is_named():
+    """inference-perf measures an unmodified vLLM, whose scheduler is FCFS: the workload's
+    config selects policy=fcfs, and a policy on the command line still wins."""
+    from simulator.api import compose_config
+
+    base = ["workload=inference_perf", "workload.path=profile.yaml"]
+    assert compose_config(base).policy._target_ == "policies.FCFS"
+    assert compose_config([*base, "policy=vtc"]).policy._target_ == "policies.VTC"
+    assert compose_config(["policy=drr", *base]).policy._target_ == "policies.DRR"
+    assert compose_config([]).policy._target_ == "policies.VTC"  # other workloads: unchanged

@@ -200,6 +200,10 @@ def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
                         f"({err.strerror or err}); accepted: a folder you can write to"
                     ) from None
             raise
+        except ValueError as err:  # Hydra's own words for `group=null` name no group
+            if "Config group override must be" not in str(err):
+                raise
+            raise ConfigError(null_group_message()) from None
         except ConfigCompositionException as err:
             found = re.match(r"Could not override '([^']+)'", str(err))
             message = unknown_key_message(prog, found.group(1)) if found else None
@@ -213,6 +217,20 @@ def run_hydra_command(prog: str, hydra_main: Callable[[], None]) -> None:
 CONF_DIR = Path(conf.__file__).parent
 COMMAND_CONFIGS = {"fairsim": "config", "fairsim-serve": "serve", "fairsim-bench": "bench",
                    "fairsim-capacity": "capacity"}  # fmt: skip
+
+
+def null_group_message() -> str:
+    """For `group=null` on the command line: a config group takes one of its configs, and
+    `~group` leaves it out."""
+    for arg in sys.argv[1:]:
+        group, _, value = arg.partition("=")
+        if value.lower() in ("null", "none", "~") and (CONF_DIR / group).is_dir():
+            options = ", ".join(sorted(f.stem for f in (CONF_DIR / group).glob("*.yaml")))
+            return (
+                f"{arg}: {group} is a config group; accepted: one of its configs ({options}), "
+                f"or ~{group} to run without it"
+            )
+    return "a config group was set to null; accepted: one of its configs, or ~GROUP"
 
 
 def unknown_key_message(prog: str, key: str) -> str | None:
