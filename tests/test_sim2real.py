@@ -135,7 +135,7 @@ def test_the_report_puts_the_published_errors_beside_fairsims():
 @pytest.mark.slow
 def test_the_fitted_model_predicts_a_validation_run_it_was_never_fitted_to():
     """Llama-2-70B TP4 codegen on H100, a run the coefficients never saw: E2E and ITL within 5%,
-    TTFT within 20% (docs/sim2real.md: -1.7%, -2.3% and -18.6%)."""
+    TTFT within 20% (docs/sim2real.md: -1.7%, -2.3% and -18.7%)."""
     runs = {r.name: r for r in load_runs(shared_file(RUNS))}
     run = runs["llama-2-70b-hf-tp4-codegen"]
     assert not run.training

@@ -10,7 +10,8 @@ how many replications they hold in, on the experiment shaped to show them and on
 
 Sections: the VTC paper's Tables 2-6 and the response times of its real-trace runs; its
 synthetic suites (Theorem 4.4's bound, weighted VTC's shares, the overload suite's two regimes);
-FairServe's published figures and claims; Etalon's stall example.
+FairServe's published figures and claims; Etalon's stall example; measured vLLM runs on
+GPUs (`fairsim-sim2real`'s report, where its data is installed).
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ import numpy as np
 from simulator.api.run import compose_config, simulate_config
 from simulator.apps.common.command import run_command
 from simulator.apps.papers import fairserve_table, vtc_tables
+from simulator.apps.sim2real.report import sim2real_report
 from simulator.apps.sweeps.replications import PAPER_SUITE_JITTER_CV, paper_replication, verdict
 from simulator.core.errors import ConfigError
 from simulator.metrics import fairness, fluidity_index
 from simulator.report.run_folder import write_text_atomically
+from traces import TraceError
+from traces.files import resolve_path
 
-SECTIONS = ("vtc-tables", "vtc-suites", "fairserve", "etalon")
+SECTIONS = ("vtc-tables", "vtc-suites", "fairserve", "etalon", "sim2real")
+# the measured vLLM runs the sim2real section predicts, in a data folder (FAIRSIM_DATA_DIR):
+# inference-perf run summaries under RUNS, runs logged request by request under REPLAYS
+SIM2REAL_RUNS = "data:sim2real/inference_sim_training/default_args"
+SIM2REAL_REPLAYS = "data:sim2real/llmservingsim"
 
 # The VTC artifact's measured real-trace runs (time to first token of served requests, s).
 VTC_RESPONSE: dict[str, dict[str, float]] = {
@@ -183,6 +191,7 @@ class Section:
     intro: str
     findings: list[Finding] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
+    body: str = ""  # tables of its own, as Markdown (the sim2real section's)
 
 
 # ---------------------------------------------------------------- runs (one replication each)
@@ -584,6 +593,8 @@ def render(sections: list[Section], n: int, command: str) -> str:
                     f"{_interval(f.values, digits)} | {f.verdict} | {note} |"
                 )
             lines.append("")
+        if s.body:
+            lines += [s.body, ""]
         if s.claims:
             lines += ["| claim | experiment | holds in | detail |", "|---|---|---:|---|"]
             for c in s.claims:
@@ -594,6 +605,30 @@ def render(sections: list[Section], n: int, command: str) -> str:
                 )
             lines.append("")
     return "\n".join(lines)
+
+
+def sim2real_section(explicit: bool) -> Section | None:
+    """Measured vLLM runs predicted (`fairsim-sim2real`'s report, its headings one level
+    down). Without the data: an error when the section was asked for, else a note and None."""
+    try:
+        runs, replays = resolve_path(SIM2REAL_RUNS, "data"), resolve_path(SIM2REAL_REPLAYS, "data")
+    except TraceError as err:
+        if explicit:
+            raise
+        print(f"fairsim-validation: the sim2real section is left out: {err}", file=sys.stderr)
+        return None
+    text = sim2real_report(runs, replays)
+    body = "\n".join(
+        "#" + line if line.startswith("## ") else line
+        for line in text.splitlines()
+        if not line.startswith("# ")
+    )
+    return Section(
+        "Measured vLLM runs (sim to real)",
+        "Does fairsim predict a real engine? Each measured run simulated by the one command a "
+        "user runs, nothing set per model, GPU or run (the same report as `fairsim-sim2real`).",
+        body=body.strip(),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -631,6 +666,9 @@ def _main(argv: list[str] | None) -> None:
     sections = [build(results) for _, build in plans]
     if "etalon" in chosen:
         sections.append(etalon_section())
+    if "sim2real" in chosen:
+        measured = sim2real_section(explicit=bool(args.section))
+        sections += [measured] if measured else []
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["fairsim-validation", *given])
     report = render(sections, n, command)

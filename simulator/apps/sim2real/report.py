@@ -1,11 +1,13 @@
 """`fairsim-sim2real`: every measured vLLM run simulated as a user would run it, with the signed
 error of each metric, beside the errors other simulators published on the same runs.
 
-    fairsim-sim2real --runs DIR [--out docs/sim2real.md]
+    fairsim-sim2real --runs DIR [--replays DIR] [--out docs/sim2real.md]
 
 Each run is simulated twice, `cost_model=fitted` and `cost_model=roofline` (nothing fitted).
 The medians are over the validation runs (never the training runs the coefficients were fitted
-to), and over the runs the published comparison evaluated too.
+to), and over the runs the published comparison evaluated too. `--replays` adds the runs logged
+request by request (LLMServingSim's), replayed with their own arrivals and lengths: validation
+too, beside LLMServingSim's own errors on them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ import numpy as np
 
 from simulator.api import compose_config, simulate_config
 from simulator.apps.common.command import run_command
+from hydra.utils import instantiate
+
+from simulator.apps.sim2real.replay import (
+    REPLAY_METRICS,
+    ReplayedRun,
+    load_replayed_runs,
+    replay_overrides,
+    simulated_replay_metrics,
+)
 from simulator.apps.sim2real.runs import (
     METRICS,
     MeasuredRun,
@@ -155,17 +166,76 @@ def evaluate(runs: list[MeasuredRun]) -> dict[str, dict[str, dict[str, float]]]:
     return errors
 
 
+def evaluate_replays(replays: list[ReplayedRun]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per cost model, per logged run: the signed error (%) of each metric, and the seconds."""
+    errors: dict[str, dict[str, dict[str, float]]] = {c: {} for c in COST_MODELS}
+    for run in replays:
+        for cost in COST_MODELS:
+            start = time.perf_counter()
+            cfg = compose_config(replay_overrides(run, cost))
+            frontend = float(getattr(instantiate(cfg.cost_model), "frontend_latency", 0.0))
+            sim = simulated_replay_metrics(simulate_config(cfg), frontend)
+            row = {m: signed_error(sim[m], run.measured[m]) for m in REPLAY_METRICS}
+            row["seconds"] = time.perf_counter() - start
+            errors[cost][run.name] = row
+            print(f"fairsim-sim2real: {run.name} ({cost}, replayed) done", file=sys.stderr)
+    return errors
+
+
+def render_replays(
+    replays: list[ReplayedRun], errors: dict[str, dict[str, dict[str, float]]]
+) -> list[str]:
+    """The replayed runs' section: measured figures, fairsim's errors, LLMServingSim's."""
+    lines = [
+        "## Replayed request by request",
+        "",
+        "vLLM runs logged request by request (github.com/casys-kaist/LLMServingSim, "
+        "`bench/examples`, commit 5daddb2: 300 ShareGPT requests at 10 per second, output "
+        "lengths forced, Llama-3.1-8B in bf16 under vLLM 0.19), replayed with each request's "
+        "own arrival and lengths by `fairsim workload=table` on the log "
+        "(`simulator/apps/sim2real/replay.py`, `replay_overrides`). The logs' times are the "
+        "engine's, from the request's entry into vLLM's queue; fairsim's are taken from the "
+        "same point (the arrival plus the front-end latency). TPOT: the mean over requests of "
+        "(last token - first token) / (output length - 1). No constant was set on these runs: "
+        "the GPUs are modelled from their datasheets. LLMServingSim's errors are its own, "
+        "from each run's `validation/summary.txt`, with profiles taken on the same GPU.",
+        "",
+        "| run | | TTFT mean | TTFT p90 | E2E mean | E2E p90 | TPOT mean |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for run in replays:
+        measured = " | ".join(
+            f"{run.measured[m] * 1000:.1f} ms" if m == "tpot_mean" else f"{run.measured[m]:.2f} s"
+            for m in REPLAY_METRICS
+        )
+        lines.append(f"| {run.name} | measured | {measured} |")
+        for cost in COST_MODELS:
+            cells = " | ".join(f"{errors[cost][run.name][m]:+.1f}%" for m in REPLAY_METRICS)
+            lines.append(f"| | fairsim `{cost}` | {cells} |")
+        if run.peer:
+            cells = " | ".join(
+                f"{run.peer[m]:+.1f}%" if m in run.peer else "" for m in REPLAY_METRICS
+            )
+            lines.append(f"| | LLMServingSim (its own) | {cells} |")
+    return [*lines, ""]
+
+
 def median_abs(rows: list[dict[str, float]], metric: str) -> float:
     return float(np.median([abs(r[metric]) for r in rows])) if rows else float("nan")
 
 
-def render(runs: list[MeasuredRun], errors: dict[str, dict[str, dict[str, float]]]) -> str:
+def render(
+    runs: list[MeasuredRun],
+    errors: dict[str, dict[str, dict[str, float]]],
+    replays: list[ReplayedRun] | None = None,
+    replay_errors: dict[str, dict[str, dict[str, float]]] | None = None,
+) -> str:
     validation = [r for r in runs if not r.training]
     shared = [r for r in validation if r.name in PEERS["BLIS trained-physics"]]
     lines = [
         "# How close to a real GPU?",
         "",
-        "Generated by `fairsim-sim2real --runs DIR` over the measured vLLM runs (H100, "
+        "Generated by `fairsim-sim2real --runs DIR --replays DIR` over the measured vLLM runs (H100, "
         "inference-perf `shared_prefix` profiles; fairsim's engine and cost model, one command "
         "per run: `simulator/apps/sim2real/runs.py`, `experiment_overrides`). Signed error = "
         "(simulated - measured) / measured. ITL = (mean E2E - mean TTFT) / (mean output "
@@ -217,6 +287,7 @@ def render(runs: list[MeasuredRun], errors: dict[str, dict[str, dict[str, float]
         "and no E2E shorter than 1.5 s), so it reads about 20% above the per-token time; the "
         "fit uses E2E and TTFT only.",
         "",
+        *(render_replays(replays, replay_errors) if replays and replay_errors else []),
         "## The KV pool",
         "",
         "With `engine.gpu_memory_utilization`, the pool is what vLLM leaves for KV: utilization "
@@ -243,12 +314,20 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", required=True, help="a folder of measured run folders")
+    parser.add_argument("--replays", help="a folder of runs logged request by request")
     parser.add_argument("--out", default="docs/sim2real.md", help="the report (Markdown)")
     args = parser.parse_args(argv)
-    runs = load_runs(args.runs)
-    text = render(runs, evaluate(runs))
+    text = sim2real_report(args.runs, args.replays)
     write_text_atomically(Path(args.out), text)
     print(text)
+
+
+def sim2real_report(runs_dir: str | Path, replays_dir: str | Path | None = None) -> str:
+    """The report (Markdown) on the measured runs in `runs_dir`, and the logged runs in
+    `replays_dir` replayed."""
+    runs = load_runs(runs_dir)
+    replays = load_replayed_runs(replays_dir) if replays_dir else []
+    return render(runs, evaluate(runs), replays, evaluate_replays(replays))
 
 
 if __name__ == "__main__":
