@@ -3,9 +3,10 @@ every measured vLLM run (simulator/apps/sim2real: the inference-perf runs' comma
 request logs' replay command).
 
 Each experiment runs twice, alternating: with every default output (run folder, pictures,
-report.html, QoE scores, Veeksha files and plots) and lean (`veeksha_metrics=false ~qoe`: the
-run folder's tables, summary, pictures and report only). Prints each experiment's wall seconds,
-the medians, and one JSON object last.
+report.html, QoE scores, Veeksha files and plots) and lean (`pictures=false
+veeksha_metrics=false ~qoe`: the run folder's tables, summary and report only, every figure the
+sim-to-real comparison reads). Prints each experiment's wall seconds, the medians, and one JSON
+object last.
 
 The published comparison's figures, for scale (its machine, not this one): BLIS 5.7 s and
 Vidur 8.6 s per experiment. Vidur is not run here: the release on the package index (0.0.26)
@@ -31,7 +32,7 @@ from simulator.apps.sim2real.replay import load_replayed_runs, replay_overrides
 from simulator.apps.sim2real.runs import experiment_overrides, load_runs
 from traces.files import resolve_path
 
-LEAN = ["veeksha_metrics=false", "~qoe"]
+LEAN = ["pictures=false", "veeksha_metrics=false", "~qoe"]
 FAIRSIM = Path(sys.executable).with_name("fairsim")
 
 

@@ -164,3 +164,22 @@ def test_report_html_shows_every_picture_in_headless_chromium(default_run):
     linked = {re.sub(r"^file://", "", link) for link in links}
     assert str(default_run / "summary.json") in linked
     assert all(Path(link).exists() for link in linked)
+
+
+@pytest.mark.integration
+def test_pictures_false_draws_no_picture_but_keeps_the_tables_summary_and_report(tmp_path):
+    """`pictures=false veeksha_metrics=false` (sweeps, timed experiments): no PNG at all, the
+    same tables and summary figures, a report page without images."""
+    folder = tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-c", "from simulator.apps.run.cli import main; main()",
+         "pictures=false", "veeksha_metrics=false", "workload.duration=60", "compare_with=null",
+         f"hydra.run.dir={folder}"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert not list(folder.rglob("*.png"))
+    assert {"requests.parquet", "tokens.parquet", "summary.json", "report.html"} <= {
+        p.name for p in folder.iterdir()
+    }
+    assert "data:image/png" not in (folder / "report.html").read_text()

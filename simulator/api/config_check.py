@@ -25,6 +25,7 @@ TOP_LEVEL_KINDS = {
     "seed": int,
     "progress": bool,
     "veeksha_metrics": bool,
+    "pictures": bool,
     "replications": int,
     "replicate_workload": bool,
 }

@@ -151,6 +151,7 @@ def run_config(
     if warning:
         print(warning, file=sys.stderr)
     budget = token_budget(cfg)
+    drawing = bool(cfg.get("pictures", True))
     spill = None
     if int(trace.output_len.sum()) > budget:  # may emit more tokens than one table holds
         # steps and counter events are written a sixteenth of the budget at a time: the
@@ -173,8 +174,9 @@ def run_config(
             with phase("write"):
                 outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
                 steps = pd.read_parquet(Path(out_dir, "steps.parquet"))
-                pictures = run_pictures(outputs.requests, steps, outputs.summary, title)
-                draw_run_pictures(Path(out_dir), pictures)
+                if drawing:
+                    pictures = run_pictures(outputs.requests, steps, outputs.summary, title)
+                    draw_run_pictures(Path(out_dir), pictures)
         else:
             with phase("tables"):
                 tables = run_tables(timeline)
@@ -183,7 +185,9 @@ def run_config(
                 with phase("metrics"):
                     qoe = score_qoe(setup, tables, out_dir, plots)
             with phase("write"):
-                outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, title, plots)
+                outputs = write_run_with_qoe(
+                    timeline, out_dir, resolved, tables, qoe, title if drawing else None, plots
+                )
     outputs.summary["unfit_requests"] = unfit_counts
     if comparison is not None:
         outputs.summary["comparison"] = comparison
@@ -270,9 +274,8 @@ def write_scored_run(
             tables = write_set_aside(tables, set_aside, Path(out_dir))
         qoe = score_qoe(setup, tables, out_dir, plots) if setup else None
         named = what_ran(cfg)
-        outputs = write_run_with_qoe(
-            timeline, out_dir, resolved, tables, qoe, run_title(named), plots
-        )
+        title = run_title(named) if cfg.get("pictures", True) else None
+        outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, title, plots)
     outputs.summary["what_ran"] = named
     return outputs
 
@@ -354,18 +357,19 @@ def write_run_with_qoe(
     resolved: dict[str, Any],
     tables: RunTables,
     qoe: QoEScores | None,
-    title: str,
+    title: str | None,
     plots: Worker | None = None,
 ) -> RunOutputs:
     """`write_run` (leaving the folder marked running), `add_qoe` and the pictures of the run
-    over time (`title` names the run on them); then waits for the files `plots` writes
-    (`score_qoe`), drawn meanwhile."""
+    over time (`title` names the run on them; None: no pictures); then waits for the files
+    `plots` writes (`score_qoe`), drawn meanwhile."""
     outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
     if qoe is not None:
         add_qoe(outputs, out_dir, qoe)
     assert outputs.steps is not None
-    pictures = run_pictures(outputs.requests, outputs.steps, outputs.summary, title, tables[1])
-    draw_run_pictures(Path(out_dir), pictures)
+    if title is not None:
+        pictures = run_pictures(outputs.requests, outputs.steps, outputs.summary, title, tables[1])
+        draw_run_pictures(Path(out_dir), pictures)
     if plots is not None:
         plots.results()
     return outputs
