@@ -63,7 +63,7 @@ def test_a_policy_that_reads_its_replica_is_refused_by_an_engine_without_that_ho
     with pytest.raises(ConfigError, match=r"which engine=slora does not offer; use engine=vllm$"):
         simulate(late, policy, a10g_cost(), engine)
     with pytest.raises(ConfigError, match="needs a prefix cache"):  # a policy used by hand
-        LPM().by_match(None)  # type: ignore[arg-type]
+        LPM().ranked_window(None)  # type: ignore[arg-type]
 
 
 def test_the_typed_hooks_say_what_each_policy_needs():
@@ -252,7 +252,7 @@ class FakeReplica:
     def __init__(self, matches: dict[int, int]) -> None:
         self.matches = matches
 
-    def cached_tokens(self, req: int) -> int:
+    def cached_tokens_now(self, req: int) -> int:
         return self.matches.get(req, 0)
 
     def remaining_tokens(self, req: int) -> int:

@@ -29,6 +29,11 @@ class WaitingQueue:
         self._back = 0  # next sequence number at the back (push)
         self._front = 0  # last sequence number used at the front (push_front), counting down
         self.last_left_client: int | None = None  # the client whose request last left the queue
+        # how often the front could have changed (a request put back at the front, or one
+        # taken out) and how many were pushed at the back: while both stand, so do the oldest
+        # N waiting requests, and while the first stands and N were waiting, pushes leave them
+        self.front_changes = 0
+        self.pushed = 0
 
     def __len__(self) -> int:
         return len(self._seq)
@@ -40,6 +45,7 @@ class WaitingQueue:
         self._lanes.setdefault(self._client_of[req], deque()).append(req)
         self._enter(req, self._back)
         self._back += 1
+        self.pushed += 1
 
     def push_front(self, req: int) -> None:
         """Put a request back at the head of its lane and of the global order (a preempted
@@ -47,6 +53,7 @@ class WaitingQueue:
         self._lanes.setdefault(self._client_of[req], deque()).appendleft(req)
         self._front -= 1
         self._enter(req, self._front)
+        self.front_changes += 1
 
     def _enter(self, req: int, seq: int) -> None:
         if req in self._seq:
@@ -72,6 +79,12 @@ class WaitingQueue:
     def head(self, client: int) -> int | None:
         lane = self._lanes.get(client)
         return lane[0] if lane else None
+
+    def earliest_head(self, clients: list[int]) -> int | None:
+        """Of these clients' waiting requests, the one queued first (a lane is in queue order,
+        so it is one of their heads)."""
+        heads = [lane[0] for c in clients if (lane := self._lanes.get(c))]
+        return min(heads, key=self._seq.__getitem__) if heads else None
 
     def has_waiting(self, client: int) -> bool:
         return bool(self._lanes.get(client))
@@ -105,6 +118,7 @@ class WaitingQueue:
                 ) from None
         del self._request[self._seq.pop(req)]
         self.last_left_client = client
+        self.front_changes += 1
         self._holes += 1
         if self._holes > MAX_HOLES:
             self._order = deque(seq for seq in self._order if seq in self._request)

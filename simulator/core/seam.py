@@ -149,6 +149,11 @@ class ReplicaView(Protocol):
         match)."""
         ...
 
+    def match_version(self) -> int:
+        """A number that changes whenever `cached_tokens` of a request asked about before (and
+        still waiting) changes: while it stands, a ranking by match stands."""
+        ...
+
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""
         ...

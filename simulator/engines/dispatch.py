@@ -119,7 +119,7 @@ class D2LPM(Dispatcher):
         self.credit = [0.0] * replicas
 
     def route(self, req: int, replicas: list[StepModel]) -> int:
-        cached = [getattr(model, "cached_tokens", None) for model in replicas]
+        cached = [getattr(model, "cached_tokens_now", None) for model in replicas]
         if any(lookup is None for lookup in cached):
             raise ConfigError("cluster.dispatcher=d2lpm needs engine=vllm (its prefix caches)")
         if max(self.credit) <= 0:

@@ -51,6 +51,13 @@ class BlockPool:
         self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached keys, oldest first
         self.owned: dict[int, list[int]] = {}  # request -> the cached keys it references
         self.hits = 0  # prompt tokens served from the cache
+        # waiting requests' matches, kept up to date as keys enter and leave the cache, so a
+        # policy ranking the waiting queue by match pays per change, not per look
+        # (`tracked_prefix`; LPM on the overloaded prefix-heavy mix: see policies/lpm.py)
+        self.tracked: dict[int, int] = {}  # request -> its cached leading blocks
+        self._tracked_keys: dict[int, list[int]] = {}  # request -> its keys up to the cap
+        self._trackers: dict[int, dict[int, int]] = {}  # key -> {request: its first position}
+        self.match_version = 0  # changes whenever a tracked match does
 
     @property
     def free(self) -> int:
@@ -76,6 +83,49 @@ class BlockPool:
             n += 1
         return n
 
+    def tracked_prefix(self, req: int, keys: list[int], num_tokens: int) -> int:
+        """`cached_prefix` of a waiting request, tracked from now on until it is admitted (or
+        `untrack`ed): later calls cost a lookup."""
+        n = self.tracked.get(req)
+        if n is None:
+            capped = keys[: (num_tokens - 1) // self.block_size] if self.caching else []
+            n = self.cached_prefix(keys, num_tokens)
+            self.tracked[req] = n
+            self._tracked_keys[req] = capped
+            for pos, key in enumerate(capped):
+                self._trackers.setdefault(key, {}).setdefault(req, pos)
+        return n
+
+    def untrack(self, req: int) -> None:
+        keys = self._tracked_keys.pop(req, None)
+        if keys is None:
+            return
+        del self.tracked[req]
+        for key in keys:
+            watchers = self._trackers[key]
+            watchers.pop(req, None)
+            if not watchers:
+                del self._trackers[key]
+
+    def _key_left(self, watchers: dict[int, int]) -> None:
+        """A key left the cache: a tracked match running past it now ends there."""
+        for req, pos in watchers.items():
+            if self.tracked[req] > pos:
+                self.tracked[req] = pos
+                self.match_version += 1
+
+    def _key_entered(self, watchers: dict[int, int]) -> None:
+        """A key entered the cache: a tracked match ending at it now runs on."""
+        refs = self.refs
+        for req, pos in watchers.items():
+            if self.tracked[req] == pos:
+                keys = self._tracked_keys[req]
+                n = pos + 1
+                while n < len(keys) and keys[n] in refs:
+                    n += 1
+                self.tracked[req] = n
+                self.match_version += 1
+
     def _reference(self, req: int, keys: list[int]) -> None:
         for key in keys:
             if self.refs[key] == 0:
@@ -98,6 +148,7 @@ class BlockPool:
         self._reference(req, keys[:hit_blocks])
         self._take(new)
         self.held[req] = hit_blocks + new
+        self.untrack(req)  # no longer waiting
 
     def grow(self, req: int, tokens: int) -> bool:
         """Make a running request hold blocks for `tokens` tokens; False (nothing changes) if
@@ -170,6 +221,8 @@ class BlockPool:
         for _ in range(n - from_empty):  # evict the least recently freed cached blocks
             key, _ = self.lru.popitem(last=False)
             del self.refs[key]
+            if key in self._trackers:
+                self._key_left(self._trackers[key])
 
     def register(self, req: int, keys: list[int], computed: int) -> None:
         """After a step: the request's full prompt blocks now computed become cached (first
@@ -182,6 +235,8 @@ class BlockPool:
                 break  # someone else computed it first: the rest of ours stays private
             self.refs[key] = 1
             owned.append(key)
+            if key in self._trackers:
+                self._key_entered(self._trackers[key])
 
     def release(self, req: int) -> None:
         """Free everything the request holds (finish or preemption). Cached keys it referenced

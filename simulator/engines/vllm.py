@@ -331,8 +331,20 @@ class VLLMReplica:
         return self.pool.used, self.pool.num_blocks
 
     def cached_tokens(self, req: int) -> int:
-        """The prompt tokens of `req` this replica's cache holds now (`ReplicaView`)."""
+        """The prompt tokens of waiting request `req` this replica's cache holds now
+        (`ReplicaView`): tracked by the pool while it waits."""
         total = self._prompt[req] + self.state.generated[req]  # a resumed request: all of it
+        return self.pool.tracked_prefix(req, self.keys(req), total) * self.cfg.block_size
+
+    def match_version(self) -> int:
+        """Changes whenever `cached_tokens` of a request it was asked about changes
+        (`ReplicaView`)."""
+        return self.pool.match_version
+
+    def cached_tokens_now(self, req: int) -> int:
+        """The prompt tokens of `req` this replica's cache holds now, looked up once (a
+        dispatcher routing an arrival: not tracked)."""
+        total = self._prompt[req] + self.state.generated[req]
         return self.pool.cached_prefix(self.keys(req), total) * self.cfg.block_size
 
     def keys(self, req: int) -> list[int]:
@@ -442,6 +454,7 @@ class VLLMReplica:
             verdict = policy.admit(req, now, fits)
             if verdict is not ADMIT or not fits:
                 if settle(policy, queue, self.host, req, now, fits, verdict):
+                    pool.untrack(req)  # it left the queue
                     continue
                 break
             pool.admit(req, keys, hit, start + n, reserve)
