@@ -163,11 +163,7 @@ class DLPM(PrefixAware, DRR):
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
         if not len(queue):
             return None
-        waiting = queue.waiting_clients()
-        if all(self.credit[c] <= 0 for c in waiting):
-            rounds = min(self._refills_needed(c) for c in waiting)
-            for c in waiting:
-                self._refill(c, rounds, now)
+        waiting = self.refill_when_all_spent(queue, now)
         credit, client = self.credit, self._client_of
         for req in self.ranked_window(queue):
             if credit[client[req]] > 0:
@@ -178,6 +174,16 @@ class DLPM(PrefixAware, DRR):
         if earliest is None:
             raise AssertionError("a refill leaves some waiting client in credit")
         return earliest
+
+    def refill_when_all_spent(self, queue: WaitingQueue, now: float) -> list[int]:
+        """The clients waiting, every one refilled first if none is in credit (as many rounds
+        as the least indebted needs)."""
+        waiting = queue.waiting_clients()
+        if all(self.credit[c] <= 0 for c in waiting):
+            rounds = min(self._refills_needed(c) for c in waiting)
+            for c in waiting:
+                self._refill(c, rounds, now)
+        return waiting
 
     def admit(self, req: int, now: float, fits: bool) -> Admission:
         verdict = super().admit(req, now, fits)

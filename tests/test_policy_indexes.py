@@ -40,11 +40,7 @@ class PlainDLPM(DLPM):
     def pick(self, queue, now):
         if not len(queue):
             return None
-        waiting = queue.waiting_clients()
-        if all(self.credit[c] <= 0 for c in waiting):
-            rounds = min(self._refills_needed(c) for c in waiting)
-            for c in waiting:
-                self._refill(c, rounds, now)
+        self.refill_when_all_spent(queue, now)
         return next(r for r in plain_order(self, queue) if self.credit[self.trace.client[r]] > 0)
 
 
