@@ -69,9 +69,10 @@ def test_poisson_and_increase_exact_values():
     # + 1 / (0.2 + 1.8 t / 600) at the previous arrival t
     np.testing.assert_allclose(tr.arrival[:3], [0.03676824, 0.08285295, 0.1703768], atol=1e-8)
     np.testing.assert_array_equal(tr.client[:5], [0, 1, 0, 0, 0])
-    assert set(tr.prompt_len[tr.client == 0]) == {64}  # client 0's lengths are quartered
+    # client 0's drawn lengths are quartered (256 -> 64); the server sees 2 tokens more
+    assert set(tr.prompt_len[tr.client == 0]) == {64 + 2}
     tr2 = experiment_trace("vtc_poisson_short_long_2")
-    assert set(tr2.prompt_len[tr2.client == 0]) == {512}
+    assert set(tr2.prompt_len[tr2.client == 0]) == {512 + 2}
     assert set(tr2.output_len[tr2.client == 0]) == {32}
     inc = experiment_trace("vtc_increase")
     np.testing.assert_allclose(inc.arrival[inc.client == 1][:3], [5.0, 9.65116279, 14.01886213])
@@ -140,3 +141,17 @@ def test_real_trace_with_a_missing_column_names_it(tmp_path):
     bad.write_text("req_id,arrival_s,client,prompt_len\n0,0.0,a,5\n")
     with pytest.raises(TraceError, match=r"field 'output_len': missing column"):
         load_vtc_real(bad)
+
+
+def test_the_server_sees_each_drawn_prompt_as_bos_n_tokens_and_a_trailing_space():
+    """The artifact sends "Hello " * n and its server re-encodes it: LLaMA's tokenizer gives
+    BOS, n "▁Hello" and a trailing "▁" (n + 2 tokens); server_added_tokens=0 gives the drawn n."""
+    from traces import ArtifactSuite
+
+    suite = ArtifactSuite(mode="uniform", rates=[1.0, 2.0], duration=30)
+    assert set(suite.build(42).prompt_len) == {256 + 2}
+    drawn = ArtifactSuite(mode="uniform", rates=[1.0, 2.0], duration=30, server_added_tokens=0)
+    assert set(drawn.build(42).prompt_len) == {256}
+    np.testing.assert_array_equal(suite.build(42).arrival, drawn.build(42).arrival)
+    with pytest.raises(TraceError, match="server_added_tokens must be >= 0"):
+        ArtifactSuite(mode="uniform", rates=[1.0], duration=30, server_added_tokens=-1)

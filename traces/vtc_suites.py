@@ -75,6 +75,10 @@ class ArtifactSuite:
     cv: float = -1.0
     weights: Sequence[float] | None = None
     name: str = "vtc_suite"
+    # tokens the server's tokenizer adds to each drawn prompt length: the artifact sends
+    # "Hello " * n as text and its server re-encodes it, LLaMA's tokenizer giving BOS + n +
+    # a trailing "▁", n + 2 tokens, which its router admits and charges
+    server_added_tokens: int = 2
 
     def __post_init__(self) -> None:
         where = f"workload '{self.name}'"
@@ -94,6 +98,8 @@ class ArtifactSuite:
                 raise TraceError(f"{where}: {label} must be [lo, hi) with 1 <= lo < hi")
         if self.weights is not None and len(self.weights) != len(self.rates):
             raise TraceError(f"{where}: weights needs one value per client ({len(self.rates)})")
+        if self.server_added_tokens < 0:
+            raise TraceError(f"{where}: server_added_tokens must be >= 0")
         if self.cv == 0:
             raise TraceError(f"{where}: cv must be nonzero (-1 or 1 means Poisson)")
 
@@ -117,7 +123,7 @@ class ArtifactSuite:
             client_names=names,
             client_weights=dict(zip(names, (float(w) for w in weights))),
             arrival=reqs.arrival,
-            prompt_len=reqs.prompt,
+            prompt_len=np.asarray(reqs.prompt, dtype=np.int64) + self.server_added_tokens,
             output_len=reqs.output,
             request_id=np.arange(len(reqs.arrival)),
             source=f"workload '{self.name}'",

@@ -161,6 +161,9 @@ def measure(
     timeline = simulate_config(cfg)
     table_service = ProfiledService() if row.table in ("3", "4") else LinearService()
     requests = timeline.requests_frame()
+    added = int(cfg.workload.get("server_added_tokens") or 0)
+    if added:  # scored as the artifact's logs count prompts: the n it drew, not the server's n + 2
+        requests = requests.assign(prompt_len=requests["prompt_len"] - added)
     ttft = (requests["first_token_at"] - requests["arrival"]).dropna()
     return {
         **fairness_summary(requests, timeline.tokens_frame(), table_service),
