@@ -8,12 +8,15 @@ Policies read it (`oldest`, `head`, `waiting_clients`) and the engine removes wh
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from itertools import islice
+from operator import is_not
 
 # removed requests the global order may hold before it is rebuilt without them: a scan for the
 # oldest `limit` waiting requests skips at most this many, and a rebuild costs a pass over the
 # queue only once per this many removals
 MAX_HOLES = 1024
+_IS_REQUEST = partial(is_not, None)  # a sequence number still waiting maps to its request
 
 
 class WaitingQueue:
@@ -93,7 +96,9 @@ class WaitingQueue:
         """The waiting requests in queue order (FCFS): all, or the first `limit` (in time
         proportional to `limit`, not to the queue: LPM asks for the oldest 128 at every pick)."""
         self._drop_leading_holes()
-        waiting = (self._request[seq] for seq in self._order if seq in self._request)
+        # iterators all the way down, no Python-level loop: 128 requests in 4 us, not 26
+        # (LPM and DLPM list the oldest 128 at every re-ranking: benchmarks/policy_overload.py)
+        waiting = filter(_IS_REQUEST, map(self._request.get, self._order))
         return list(waiting if limit is None else islice(waiting, limit))
 
     def waiting_clients(self) -> list[int]:
