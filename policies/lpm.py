@@ -60,16 +60,17 @@ class PrefixAware:
     name: str
     cache: ReplicaView | None = None
     # what the ranking was made of: the queue's changes at the front and pushes, its length,
-    # and the cache's match version
+    # and the cache's match version (None: nothing ranked yet)
     _ranked_from: tuple[int, int, int, int] | None = None
-    _ranked: list[int] = []
+    _ranked: list[int]
     # minus each request's match, while the cache's match version is _matched_at: re-ranking
     # looks up what it has seen instead of asking the cache again (an admitted request's
     # entry goes: preempted, it comes back with a longer prompt)
-    _matches: dict[int, int] = {}
-    _matched_at = -1
+    _matches: dict[int, int]
+    _matched_at: int
 
     def forget_ranking(self) -> None:
+        """A fresh run (`bind`): nothing ranked, no match seen."""
         self._ranked_from, self._ranked, self._matches, self._matched_at = None, [], {}, -1
 
     def admitted(self, req: int) -> None:
