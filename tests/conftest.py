@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,28 @@ BIN = Path(sys.executable).parent  # the console scripts of the environment runn
 SHARED_DATA = ROOT.parent / "shared" / "data"
 if SHARED_DATA.exists():  # data: paths of data fairsim does not ship resolve to ../shared/data
     os.environ.setdefault("FAIRSIM_DATA_DIR", str(SHARED_DATA))
+# A shell script's background job starts with SIGINT ignored, and every command the tests start
+# would inherit that (Python then never raises KeyboardInterrupt): the tests that stop a command
+# with SIGINT, as Ctrl-C does, need the default a terminal gives (a handler, unlike "ignored",
+# is not inherited across exec)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def wait_until_loading(pid: int, library: str = "_multiarray_umath", timeout: float = 60.0) -> None:
+    """Until process `pid` has mapped `library` (read from Linux's /proc): numpy's core, which
+    Python's own start-up never loads, so the process is in the command's imports. A SIGINT sent
+    earlier, while the interpreter starts (slow on a loaded machine), ends it otherwise."""
+    maps = Path(f"/proc/{pid}/maps")
+    if not maps.exists():  # not Linux: the interpreter's start takes well under this
+        time.sleep(0.15)
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if library in maps.read_text():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} never loaded {library}")
 
 
 def shared_file(relative: str) -> Path:

@@ -4,11 +4,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import BIN, ROOT
+from conftest import BIN, ROOT, wait_until_loading
 from simulator.apps.launch import COMMANDS
 
 
@@ -24,13 +23,13 @@ def test_every_installed_command_is_launched_by_its_own_module():
 
 @pytest.mark.integration
 def test_ctrl_c_while_the_command_still_loads_is_one_line_and_exit_130(tmp_path):
-    """SIGINT 0.15 s after start lands in the imports (about a second on a 2-core machine); it
-    printed a 30-line KeyboardInterrupt traceback of the import machinery."""
+    """SIGINT once numpy is loaded lands in the command's imports (about a second on a 2-core
+    machine); it printed a 30-line KeyboardInterrupt traceback of the import machinery."""
     proc = subprocess.Popen(
         [str(BIN / "fairsim"), f"hydra.run.dir={tmp_path / 'run'}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
-    time.sleep(0.15)
+    wait_until_loading(proc.pid)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
