@@ -186,7 +186,7 @@ def run_config(
                     qoe = score_qoe(setup, tables, out_dir, plots)
             with phase("write"):
                 outputs = write_run_with_qoe(
-                    timeline, out_dir, resolved, tables, qoe, title if drawing else None, plots
+                    timeline, out_dir, resolved, tables, qoe, title, plots, drawing
                 )
     outputs.summary["unfit_requests"] = unfit_counts
     if comparison is not None:
@@ -274,8 +274,10 @@ def write_scored_run(
             tables = write_set_aside(tables, set_aside, Path(out_dir))
         qoe = score_qoe(setup, tables, out_dir, plots) if setup else None
         named = what_ran(cfg)
-        title = run_title(named) if cfg.get("pictures", True) else None
-        outputs = write_run_with_qoe(timeline, out_dir, resolved, tables, qoe, title, plots)
+        outputs = write_run_with_qoe(
+            timeline, out_dir, resolved, tables, qoe, run_title(named), plots,
+            bool(cfg.get("pictures", True)),
+        )  # fmt: skip
     outputs.summary["what_ran"] = named
     return outputs
 
@@ -357,19 +359,20 @@ def write_run_with_qoe(
     resolved: dict[str, Any],
     tables: RunTables,
     qoe: QoEScores | None,
-    title: str | None,
+    title: str,
     plots: Worker | None = None,
+    pictures: bool = True,
 ) -> RunOutputs:
-    """`write_run` (leaving the folder marked running), `add_qoe` and the pictures of the run
-    over time (`title` names the run on them; None: no pictures); then waits for the files
+    """`write_run` (leaving the folder marked running), `add_qoe` and, with `pictures`, the
+    pictures of the run over time (`title` names the run on them); then waits for the files
     `plots` writes (`score_qoe`), drawn meanwhile."""
     outputs = write_run(timeline, out_dir, resolved, complete=False, tables=tables)
     if qoe is not None:
         add_qoe(outputs, out_dir, qoe)
     assert outputs.steps is not None
-    if title is not None:
-        pictures = run_pictures(outputs.requests, outputs.steps, outputs.summary, title, tables[1])
-        draw_run_pictures(Path(out_dir), pictures)
+    if pictures:
+        drawn = run_pictures(outputs.requests, outputs.steps, outputs.summary, title, tables[1])
+        draw_run_pictures(Path(out_dir), drawn)
     if plots is not None:
         plots.results()
     return outputs
