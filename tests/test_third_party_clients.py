@@ -203,10 +203,13 @@ def offline_capacity(variable: str, start: int, seed: int) -> tuple[int | None, 
 @pytest.mark.parametrize("variable", ["parallel", "rate"])
 def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_path, variable):
     """The same value for a concurrency and a rate search, and each point's p99 TTFT at most
-    5 ms below the simulation and at most 10% or 40 ms above it. The client's and the
-    loopback's own time only add: measured 1-2% above on an idle machine, 7.5% (25 ms) at
-    2 users under CI's load, where a point's p99 is its slowest of 4 requests. Rate points
-    send at random times: both draw them from EvalScope's seeded stream."""
+    10% or 40 ms above the simulation. The client's and the loopback's own time add: measured
+    1-2% above on an idle machine, 7.5% (25 ms) at 2 users under CI's load, where a point's
+    p99 is its slowest of 4 requests. Below it: a concurrency point at most 5 ms (its users
+    send when the previous answer ends, so lateness only adds). Rate points send at times
+    both draw from EvalScope's seeded stream, but a send the busy client makes late waits
+    that much less behind the queue it joins, and its TTFT is counted from the send: 8.3%
+    (44 ms) below at rate 4 under CI's load, so a rate point may be 15% or 60 ms below."""
     exe = installed("FAIRSIM_EVALSCOPE", "evalscope", "PyTorch")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"{f'p{i:03d} ' + 'lorem ipsum ' * 90:.1024}\n" for i in range(400)))
@@ -231,5 +234,6 @@ def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_p
     print(f"EvalScope {variable}: {selected} ({measured}); fairsim offline: {found} ({simulated})")
     assert selected == found
     for value in set(measured) & set(simulated):
-        assert measured[value] >= simulated[value] - 5, value
+        below = 5 if variable == "parallel" else max(0.15 * simulated[value], 60)
+        assert measured[value] >= simulated[value] - below, value
         assert measured[value] <= simulated[value] + max(0.10 * simulated[value], 40), value
