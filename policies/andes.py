@@ -31,6 +31,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from policies.andes_index import Phases, WaitingValues
 from policies.base import BasePolicy
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
@@ -38,6 +39,8 @@ from simulator.core.seam import Admission, Charge, OutputTokens, ReplicaView, Ve
 from traces.schema import Trace
 
 GRID = 9  # points of the horizon the delay areas are integrated on (trapezoids)
+# seconds a phase boundary (`phases`) is moved to the safe side, far beyond float rounding
+PHASE_MARGIN = 1e-6
 
 
 class Andes(BasePolicy):
@@ -75,6 +78,7 @@ class Andes(BasePolicy):
         self.expected_ttft, self.reading_speed = float(expected_ttft), float(reading_speed)
         self.per_client = {k: dict(v) for k, v in (clients or {}).items()}
         self.horizon = horizon_tokens * token_latency
+        self.grid = np.linspace(0.0, self.horizon, GRID)  # the horizon's points, from now
         self.token_latency, self.threshold = float(token_latency), float(threshold)
         self.max_preempt = int(max_preempt)
         self.preemptions_per_request = int(preemptions_per_request)
@@ -104,6 +108,7 @@ class Andes(BasePolicy):
         self.arrived = np.zeros(len(trace))
         self.preempted = np.zeros(len(trace), dtype=np.int64)  # times Andes preempted each
         self.view = None
+        self.waiting = WaitingValues(self.values, self._blocks, self.phases)
 
     def see_replica(self, view: ReplicaView) -> None:
         if self.view is not None and self.view is not view:
@@ -115,6 +120,7 @@ class Andes(BasePolicy):
 
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         self.arrived[req] = now
+        self.waiting.entered(req)
         return None
 
     def charge(self, event: Charge) -> None:
@@ -136,7 +142,7 @@ class Andes(BasePolicy):
         start = self.arrived[r] + self.ttft[c]  # when the user expects the first token
         speed = self.speed[c]
         have = self.generated[r].astype(np.float64)
-        t = now + np.linspace(0.0, self.horizon, GRID)
+        t = now + self.grid
         expected = np.maximum((t[None, :] - start[:, None]) * speed[:, None] + 1.0, 0.0)
         served = have[:, None] + (t[None, :] - now) / self.token_latency
         paused_gap = np.maximum(expected - have[:, None], 0.0)
@@ -155,17 +161,25 @@ class Andes(BasePolicy):
         tokens = self.trace.prompt_len[r] + self.generated[r] + 1
         return -(-tokens // self.view.block_size)
 
-    def _ranked(self, rows: list[int], now: float) -> list[int]:
-        """Requests by value per KV block, best first (ties: the order given)."""
-        density = self.values(rows, now) / self._blocks(rows)
-        return [rows[i] for i in np.argsort(-density, kind="stable")]
+    def phases(self, rows: list[int]) -> Phases:
+        """When each waiting request's value stops being 0 (its user expects, within the
+        horizon, more than it has), and when it settles (the user expects, from now and at the
+        horizon's end, more than serving it could give: the delay area avoided is then the
+        whole horizon's and the value only falls as the expected timeline grows)."""
+        r = np.asarray(rows, dtype=np.int64)
+        c = self.trace.client[r]
+        start, speed = self.arrived[r] + self.ttft[c], self.speed[c]
+        have = self.generated[r].astype(np.float64)
+        horizon, served = self.horizon, self.horizon / self.token_latency
+        wakes = start - horizon + (have - 1) / speed - PHASE_MARGIN
+        settles = start + np.maximum((have - 1) / speed, (have - 1 + served) / speed - horizon)
+        return Phases(wakes=wakes, settles=settles + PHASE_MARGIN)
 
     def reschedule(self, running: list[int], queue: WaitingQueue, now: float) -> list[int]:
         """The running requests to preempt before this step (the knapsack's leftovers)."""
         if self.max_preempt == 0 or not self._pressed():
             return []
-        waiting = queue.in_order()
-        best_waiting = float(self.values(waiting, now).max())
+        best_waiting = self.waiting.best_value(queue, now)
         run_values = self.values(running, now)
         order = np.argsort(run_values, kind="stable")
         cap = self.preemptions_per_request
@@ -179,25 +193,61 @@ class Andes(BasePolicy):
         assert self.view is not None
         keep = [r for r in running if r not in movable]
         capacity = self.view.kv_blocks()[1] - (int(self._blocks(keep).sum()) if keep else 0)
-        ranked = self._ranked(movable + waiting, now)
-        taken: set[int] = set()
-        used = 0
-        for req, need in zip(ranked, self._blocks(ranked).tolist()):
-            if used + need <= capacity:
-                used += need
-                taken.add(req)
-            elif used >= 0.9 * capacity:  # full enough: the reference solver stops here
-                break
+        taken = self._fill(movable, capacity, queue, now)
         victims = [r for r in movable if r not in taken]
         self.preempted[victims] += 1
+        for victim in victims:
+            self.waiting.entered(victim)
         return victims
 
+    def _fill(self, movable: list[int], capacity: int, queue: WaitingQueue, now: float) -> set[int]:
+        """The knapsack: the movable and the waiting requests by value per KV block (ties:
+        movable first, in their order, then queue order), each taken while it fits, until the
+        blocks are 90% used (the reference solver stops there). Returns the movable taken;
+        stops as soon as every movable one is decided."""
+        needs = self._blocks(movable).tolist()
+        densities = (self.values(movable, now) / self._blocks(movable)).tolist()
+        left = sorted(range(len(movable)), key=lambda i: -densities[i])  # stable: ties in order
+        taken: set[int] = set()
+        used = 0
+        waiting = self.waiting.ranked(queue, now)
+        try:
+            nxt = next(waiting, None)
+            while left:
+                if nxt is not None and nxt[0] > densities[left[0]]:
+                    req, need = nxt[1], self.waiting.need(nxt[1])
+                    nxt = next(waiting, None)
+                else:
+                    i = left.pop(0)
+                    req, need = movable[i], needs[i]
+                if used + need <= capacity:
+                    used += need
+                    taken.add(req)
+                elif used >= 0.9 * capacity:  # full enough: the reference solver stops here
+                    break
+        finally:
+            waiting.close()
+        return taken & set(movable)
+
+    def victim(self, running: list[int]) -> int:
+        """vLLM's rule when a step runs out of blocks (the preempted request waits again)."""
+        req = super().victim(running)
+        self.waiting.entered(req)
+        return req
+
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        """Below the threshold, arrival order; above it, the best value per KV block (ties in
+        queue order; when every waiting value is 0, the oldest)."""
         if not len(queue):
             return None
         if not self._pressed():
             return queue.oldest()
-        return self._ranked(queue.in_order(), now)[0]
+        ranked = self.waiting.ranked(queue, now)
+        try:
+            best = next(ranked, None)
+        finally:
+            ranked.close()
+        return queue.oldest() if best is None else best[1]
 
     def admit(self, req: int, now: float, fits: bool) -> Admission:
         return Verdict.ADMIT if fits else Verdict.WAIT

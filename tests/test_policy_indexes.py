@@ -1,7 +1,8 @@
 """LPM and DLPM keep their ranking of the waiting window, and the block pool keeps each waiting
 request's cached match, instead of recomputing them at every pick (policies/lpm.py,
-simulator/engines/kv_blocks.py): the decisions must be bit for bit those of the plain
-implementation, which looked every match up again and sorted the window at every pick."""
+simulator/engines/kv_blocks.py); Andes keeps its waiting requests' values by phase
+(policies/andes_index.py) instead of valuing the whole queue at every pick and step: the
+decisions must be bit for bit those of the plain implementations, which did."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import a10g_cost
-from policies import DLPM, LPM
+from policies import DLPM, LPM, Andes
 from policies.lpm import WINDOW
 from simulator.api import build_trace, compose_config
 from simulator.core.queue import WaitingQueue
 from simulator.engines import VLLMConfig, simulate
 from simulator.engines.kv_blocks import BlockPool
-from traces import PrefixHeavyMix
+from traces import PrefixHeavyMix, Trace
 
 
 def plain_order(policy, queue: WaitingQueue) -> list[int]:
@@ -42,6 +43,53 @@ class PlainDLPM(DLPM):
             return None
         self.refill_when_all_spent(queue, now)
         return next(r for r in plain_order(self, queue) if self.credit[self.trace.client[r]] > 0)
+
+
+class PlainAndes(Andes):
+    """Andes as it was: every waiting request valued at every pick and every step."""
+
+    def _ranked(self, rows: list[int], now: float) -> list[int]:
+        density = self.values(rows, now) / self._blocks(rows)
+        return [rows[i] for i in np.argsort(-density, kind="stable")]
+
+    def reschedule(self, running, queue, now):
+        if self.max_preempt == 0 or not self._pressed():
+            return []
+        waiting = queue.in_order()
+        best_waiting = float(self.values(waiting, now).max())
+        run_values = self.values(running, now)
+        order = np.argsort(run_values, kind="stable")
+        movable = [
+            running[i]
+            for i in order
+            if run_values[i] <= best_waiting
+            and self.preempted[running[i]] < self.preemptions_per_request
+        ][: self.max_preempt]
+        if not movable:
+            return []
+        keep = [r for r in running if r not in movable]
+        capacity = self.view.kv_blocks()[1] - (int(self._blocks(keep).sum()) if keep else 0)
+        ranked = self._ranked(movable + waiting, now)
+        taken, used = set(), 0
+        for req, need in zip(ranked, self._blocks(ranked).tolist()):
+            if used + need <= capacity:
+                used += need
+                taken.add(req)
+            elif used >= 0.9 * capacity:
+                break
+        victims = [r for r in movable if r not in taken]
+        self.preempted[victims] += 1
+        return victims
+
+    def victim(self, running):
+        return running[-1]
+
+    def pick(self, queue, now):
+        if not len(queue):
+            return None
+        if not self._pressed():
+            return queue.oldest()
+        return self._ranked(queue.in_order(), now)[0]
 
 
 def assert_same_decisions(a, b) -> None:
@@ -73,6 +121,105 @@ def test_the_kept_ranking_makes_the_plain_rankings_decisions(policy, workload, p
     expected = simulate(trace, plain, a10g_cost(), engine)
     got = simulate(trace, policy(), a10g_cost(), engine)
     assert_same_decisions(expected, got)
+
+
+FAST_FIRST_CLIENT = {"expected_ttft": 0.5, "reading_speed": 8.0}  # the others: the defaults
+POISSON_CHAT = ["workload=poisson_chat", "workload.duration=40"]
+ARENA = ["workload=arena_like", "workload.duration=40"]  # 27 clients
+
+
+@pytest.mark.parametrize(
+    ("workload", "pool", "andes"),
+    [
+        ([*POISSON_CHAT, "workload.rate_scale=8"], 20_000, {}),
+        ([*ARENA, "workload.total_rate=6"], 20_000, {"clients": FAST_FIRST_CLIENT}),
+        (
+            [*POISSON_CHAT, "workload.rate_scale=4"],
+            30_000,
+            {"max_preempt": 4, "preemptions_per_request": 3, "threshold": 0.7},
+        ),
+        (
+            [*POISSON_CHAT, "workload.rate_scale=8"],
+            12_000,
+            {"expected_ttft": 0.0, "reading_speed": 30.0},  # reads faster than tokens come
+        ),
+    ],
+    ids=["overloaded", "two-expectations", "preempting-more", "instant-fast-readers"],
+)
+def test_andes_kept_values_make_the_plain_valuations_decisions(workload, pool, andes):
+    """Every pick, preemption and admission as when every waiting request is valued afresh
+    (overloaded: thousands waiting, hundreds of them preempted with tokens in hand)."""
+    trace = build_trace(compose_config([*workload, "seed=5"]))
+    if "clients" in andes:
+        andes = {"clients": {trace.client_names[0]: andes["clients"]}}
+    engine = VLLMConfig(pool_tokens=pool, max_num_batched_tokens=2048)
+    expected = simulate(trace, PlainAndes(**andes), a10g_cost(), engine)
+    got = simulate(trace, Andes(**andes), a10g_cost(), engine)
+    assert int(np.sum(expected.steps["preempted"])) > 0  # the knapsack was exercised
+    assert_same_decisions(expected, got)
+
+
+class FullPool:
+    """A replica whose pool is always past Andes's threshold, 16 tokens a block."""
+
+    block_size = 16
+
+    def cached_tokens(self, req: int) -> int:
+        return 0
+
+    def match_version(self) -> int:
+        return 0
+
+    def kv_blocks(self) -> tuple[int, int]:
+        return 1000, 1000
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_andes_waiting_values_rank_as_valuing_the_whole_queue_does(seed):
+    """Arrivals, admissions from anywhere in the queue and preempted requests put back with
+    tokens in hand, over 400 simulated seconds: at every time, the kept ranking lists every
+    waiting request of positive value per KV block in the order (ties: queue order) and with
+    the densities of valuing the whole queue, and the best value is its maximum."""
+    rng = np.random.default_rng(seed)
+    n = 600
+    trace = Trace.from_columns(
+        client=rng.choice(["fast", "slow", "instant"], n),
+        # equal arrivals and lengths, and tokens in hand in steps of 32: ties in value
+        arrival=np.sort(rng.uniform(0, 300, n)).round(0),
+        prompt_len=rng.choice([40, 400, 1500], n),
+        output_len=rng.integers(1, 600, n),
+    )
+    per_client = {"fast": {"reading_speed": 12.0, "expected_ttft": 0.3},
+                  "instant": {"reading_speed": 40.0, "expected_ttft": 0.0}}  # fmt: skip
+    policy = Andes(clients=per_client)
+    policy.bind(trace)
+    policy.see_replica(FullPool())
+    queue = WaitingQueue(list(trace.client))
+    arrived, checked = 0, 0
+    for now in np.cumsum(rng.exponential(0.7, 600)):
+        while arrived < n and trace.arrival[arrived] <= now:
+            policy.on_arrival(arrived, float(trace.arrival[arrived]), queue)
+            queue.push(arrived)
+            arrived += 1
+        waiting = queue.in_order()
+        for req in waiting:
+            if rng.random() < 0.03:  # admitted: it runs a while, and may be preempted
+                queue.remove(req)
+                policy.generated[req] += 32 * rng.integers(1, 4)
+                if rng.random() < 0.5:
+                    policy.waiting.entered(req)
+                    queue.push_front(req)
+        waiting = queue.in_order()
+        if not waiting:
+            continue
+        density = policy.values(waiting, now) / policy._blocks(waiting)
+        order = np.argsort(-density, kind="stable")
+        expected = [(density[i], waiting[i]) for i in order if density[i] > 0]
+        ranked = policy.waiting.ranked(queue, now)
+        assert list(ranked) == expected
+        assert policy.waiting.best_value(queue, now) == policy.values(waiting, now).max()
+        checked += len(expected) > 0
+    assert checked > 100
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

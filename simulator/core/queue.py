@@ -91,6 +91,11 @@ class WaitingQueue:
         heads = [lane[0] for c in clients if (lane := self._lanes.get(c))]
         return min(heads, key=self._seq.__getitem__) if heads else None
 
+    def sequence(self, req: int) -> int:
+        """A waiting request's place in queue order: smaller is earlier (an index keeping the
+        queue's ties, as Andes's does)."""
+        return self._seq[req]
+
     def has_waiting(self, client: int) -> bool:
         return bool(self._lanes.get(client))
 
