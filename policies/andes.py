@@ -144,11 +144,10 @@ class Andes(BasePolicy):
         have = self.generated[r].astype(np.float64)
         t = now + self.grid
         expected = np.maximum((t[None, :] - start[:, None]) * speed[:, None] + 1.0, 0.0)
-        served = have[:, None] + (t[None, :] - now) / self.token_latency
-        paused_gap = np.maximum(expected - have[:, None], 0.0)
-        served_gap = np.maximum(expected - served, 0.0)
+        served = have[:, None] + (t - now) / self.token_latency
+        gained = np.maximum(expected - have[:, None], 0.0) - np.maximum(expected - served, 0.0)
         dt = self.horizon / (GRID - 1)
-        avoided = ((paused_gap - served_gap)[:, 1:] + (paused_gap - served_gap)[:, :-1]).sum(1)
+        avoided = (gained[:, 1:] + gained[:, :-1]).sum(1)
         avoided *= dt / 2
         k = expected[:, -1]  # tokens the user expects by the horizon's end
         whole = k * self.ttft[c] + k * np.maximum(k - 1, 0) / (2 * speed)
@@ -193,20 +192,28 @@ class Andes(BasePolicy):
         assert self.view is not None
         keep = [r for r in running if r not in movable]
         capacity = self.view.kv_blocks()[1] - (int(self._blocks(keep).sum()) if keep else 0)
-        taken = self._fill(movable, capacity, queue, now)
+        densities = [run_values[running.index(r)] for r in movable] / self._blocks(movable)
+        taken = self._fill(movable, densities.tolist(), capacity, queue, now)
         victims = [r for r in movable if r not in taken]
         self.preempted[victims] += 1
         for victim in victims:
             self.waiting.entered(victim)
         return victims
 
-    def _fill(self, movable: list[int], capacity: int, queue: WaitingQueue, now: float) -> set[int]:
+    def _fill(
+        self,
+        movable: list[int],
+        densities: list[float],
+        capacity: int,
+        queue: WaitingQueue,
+        now: float,
+    ) -> set[int]:
         """The knapsack: the movable and the waiting requests by value per KV block (ties:
         movable first, in their order, then queue order), each taken while it fits, until the
         blocks are 90% used (the reference solver stops there). Returns the movable taken;
-        stops as soon as every movable one is decided."""
+        stops as soon as every movable one is decided. `densities`: the movable ones' values
+        per KV block."""
         needs = self._blocks(movable).tolist()
-        densities = (self.values(movable, now) / self._blocks(movable)).tolist()
         left = sorted(range(len(movable)), key=lambda i: -densities[i])  # stable: ties in order
         taken: set[int] = set()
         used = 0
