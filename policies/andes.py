@@ -18,6 +18,9 @@ and these and the waiting requests are taken by value per KV block until the blo
 running requests leave are full; the preemptable ones left out are preempted (vLLM's
 recompute), and waiting requests are admitted in the same order.
 
+The waiting requests' values are kept by phase (policies/andes_index.py): a pick or a step
+values the few that could still be the best, not the whole queue, with the same decisions.
+
 Where I had to choose: the value's closed form above (the paper states the objective, not this
 discretisation); the constants (threshold 0.9, 2 preemptions per step, 50 tokens of horizon at
 50 ms per token) are those of the authors' reference scheduler; preemption candidates are the
@@ -103,9 +106,11 @@ class Andes(BasePolicy):
             c = trace.client_names.index(name)
             ttft[c] = given.get("expected_ttft", ttft[c])
             speed[c] = given.get("reading_speed", speed[c])
-        self.ttft, self.speed = ttft, speed
         self.generated = np.zeros(len(trace), dtype=np.int64)  # tokens each request has emitted
-        self.arrived = np.zeros(len(trace))
+        # each request's user: when the first token is expected (arrival + expected TTFT) and
+        # the reading speed, gathered once per request rather than per client at every valuing
+        self.expected_ttft_of, self.speed_of = ttft[trace.client], speed[trace.client]
+        self.first_expected = self.expected_ttft_of.copy()  # until it arrives: arrival 0
         self.preempted = np.zeros(len(trace), dtype=np.int64)  # times Andes preempted each
         self.view = None
         self.waiting = WaitingValues(self.values, self._blocks, self.phases)
@@ -119,7 +124,7 @@ class Andes(BasePolicy):
         self.view = view
 
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
-        self.arrived[req] = now
+        self.first_expected[req] = now + self.expected_ttft_of[req]
         self.waiting.entered(req)
         return None
 
@@ -138,9 +143,7 @@ class Andes(BasePolicy):
     def values(self, rows: list[int], now: float) -> np.ndarray:
         """Each request's QoE gain from being served over the horizon instead of paused."""
         r = np.asarray(rows, dtype=np.int64)
-        c = self.trace.client[r]
-        start = self.arrived[r] + self.ttft[c]  # when the user expects the first token
-        speed = self.speed[c]
+        start, speed, ttft = self.first_expected[r], self.speed_of[r], self.expected_ttft_of[r]
         have = self.generated[r].astype(np.float64)
         t = now + self.grid
         expected = np.maximum((t[None, :] - start[:, None]) * speed[:, None] + 1.0, 0.0)
@@ -150,7 +153,7 @@ class Andes(BasePolicy):
         avoided = (gained[:, 1:] + gained[:, :-1]).sum(1)
         avoided *= dt / 2
         k = expected[:, -1]  # tokens the user expects by the horizon's end
-        whole = k * self.ttft[c] + k * np.maximum(k - 1, 0) / (2 * speed)
+        whole = k * ttft + k * np.maximum(k - 1, 0) / (2 * speed)
         return np.divide(avoided, whole, out=np.zeros_like(avoided), where=whole > 0)
 
     def _blocks(self, rows: list[int]) -> np.ndarray:
@@ -166,20 +169,19 @@ class Andes(BasePolicy):
         horizon's end, more than serving it could give: the delay area avoided is then the
         whole horizon's and the value only falls as the expected timeline grows)."""
         r = np.asarray(rows, dtype=np.int64)
-        c = self.trace.client[r]
-        start, speed = self.arrived[r] + self.ttft[c], self.speed[c]
+        start, speed = self.first_expected[r], self.speed_of[r]
         have = self.generated[r].astype(np.float64)
         horizon, served = self.horizon, self.horizon / self.token_latency
         wakes = start - horizon + (have - 1) / speed - PHASE_MARGIN
         settles = start + np.maximum((have - 1) / speed, (have - 1 + served) / speed - horizon)
-        return Phases(wakes=wakes, settles=settles + PHASE_MARGIN)
+        return Phases(wakes, settles + PHASE_MARGIN, start, self.trace.client[r])
 
     def reschedule(self, running: list[int], queue: WaitingQueue, now: float) -> list[int]:
         """The running requests to preempt before this step (the knapsack's leftovers)."""
         if self.max_preempt == 0 or not self._pressed():
             return []
+        run_values = self.waiting.value_running(running, queue, now)
         best_waiting = self.waiting.best_value(queue, now)
-        run_values = self.values(running, now)
         order = np.argsort(run_values, kind="stable")
         cap = self.preemptions_per_request
         movable = [

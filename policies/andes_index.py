@@ -11,17 +11,20 @@ tokens so far fixed while it waits:
 Each phase's end is a closed form of the request's arrival, client and tokens (`Phases`).
 
 Dormant requests wait in a heap by the time they wake. Rising ones (a few seconds' arrivals) are
-valued at every new time. Settled ones sit in two max-heaps keyed by upper bounds — their last
-computed density and value, which can only have fallen since — and a query values again only
-the heap tops whose bound could still beat the best found (the lazy evaluation of CELF-style
-greedy selection). Every value compared is computed by the policy's own formula on the same
-inputs, so the order is the full ranking's, bit for bit (tests/test_policy_indexes.py).
+valued at every new time. Settled ones are grouped so that a group's order never changes
+(`SettledGroups`): by client for the best value, by client and KV blocks needed for the best
+value per block. A max-heap holds an upper bound per group — a member's value computed earlier,
+which can only have fallen since — and a query values only the youngest members of the groups
+whose bound could still beat the best found (the lazy evaluation of CELF-style greedy
+selection). Every value compared is computed by the policy's own formula on the same inputs, so
+the order is the full ranking's, bit for bit (tests/test_policy_indexes.py).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,20 +34,65 @@ from simulator.core.queue import WaitingQueue
 # a bound is the value last computed times this: the float formula may wander by rounding (a
 # few 1e-10 relative at a million simulated seconds), never by this much
 SLACK = 1.0 + 1e-6
-BATCH = 8  # heap tops valued again in one vectorised call
+BATCH = 2  # a group's youngest members valued together when the group is opened
 
 
 @dataclass(frozen=True)
 class Phases:
-    """When each of some requests stops being dormant, and when it settles (arrays)."""
+    """For some requests (arrays): when each stops being dormant, when it settles, when its
+    user expects the first token (the later, the more a settled request is worth) and its
+    client (whose expectations fix how its value falls)."""
 
     wakes: np.ndarray
     settles: np.ndarray
+    starts: np.ndarray
+    clients: np.ndarray
 
 
-Entry = tuple[float, int, int, int]  # (-bound, seq, request, version) of a settled request
+Member = tuple[float, int, int, int]  # (start, -seq, request, version): youngest last
 Values = Callable[[list[int], float], np.ndarray]
 Blocks = Callable[[list[int]], np.ndarray]
+
+
+class SettledGroups:
+    """Settled requests in groups whose order by value (or by value per KV block) never changes:
+    within a group the request whose user expects its first token latest is worth most, now and
+    at every later time. Each group keeps its members by that time; a max-heap holds one upper
+    bound per group (`SLACK` times a member's value computed at some earlier time, which its
+    own and every older member's can only have fallen below since)."""
+
+    def __init__(self, field: int) -> None:
+        self.field = field  # what is bounded: 1 value, 2 value per KV block (`_valued`)
+        self.members: dict[object, list[Member]] = {}  # (start, -seq, ..)
+        self.bound: dict[object, float] = {}
+        self.heap: list[tuple[float, int, object]] = []  # (-bound, stamp, group)
+        self.stamp: dict[object, int] = {}  # the group's current heap entry
+        self._stamps = 0
+
+    def add(self, group: object, member: Member, bound: float) -> None:
+        bisect.insort(self.members.setdefault(group, []), member)
+        if bound > self.bound.get(group, -1.0):
+            self.set_bound(group, bound)
+
+    def set_bound(self, group: object, bound: float) -> None:
+        self.bound[group] = bound
+        self._stamps += 1
+        self.stamp[group] = self._stamps
+        heapq.heappush(self.heap, (-bound, self._stamps, group))
+
+    def top_bound(self) -> float:
+        """The highest current bound (0 when no group is left); stale heap entries go."""
+        heap = self.heap
+        while heap and self.stamp.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
+        return -heap[0][0] if heap else 0.0
+
+    def pop_top(self) -> object:
+        """Take the group with the highest bound off the heap (`top_bound` first)."""
+        return heapq.heappop(self.heap)[2]
+
+    def forget(self, group: object) -> None:
+        del self.members[group], self.bound[group], self.stamp[group]
 
 
 class WaitingValues:
@@ -65,9 +113,10 @@ class WaitingValues:
         self._rising_valued: tuple[float, int] | None = None  # (time, changes) last valued at
         self._rising_rank: list[tuple[float, int, int]] = []  # (density, seq, req), best first
         self._rising_best = 0.0  # their best value
-        # settled requests by upper bounds of their density and value: (-bound, seq, req, version)
-        self._by_density: list[Entry] = []
-        self._by_value: list[Entry] = []
+        self._by_value = SettledGroups(field=1)  # groups: clients
+        self._by_density = SettledGroups(field=2)  # groups: (client, blocks needed)
+        self._start: dict[int, float] = {}  # request -> when its user expects the first token
+        self._client: dict[int, int] = {}
         self._valued: dict[int, tuple[float, float, float]] = {}  # req -> (at, value, density)
 
     def entered(self, req: int) -> None:
@@ -87,6 +136,8 @@ class WaitingValues:
             self._seq.pop(req, None)
             self._need.pop(req, None)
             self._valued.pop(req, None)
+            self._start.pop(req, None)
+            self._client.pop(req, None)
             return False
         return self._version.get(req) == version
 
@@ -100,6 +151,8 @@ class WaitingValues:
                     self._versions += 1
                     self._version[req] = version = self._versions
                     self._seq[req], self._need[req] = queue.sequence(req), need[i]
+                    self._start[req] = float(phases.starts[i])
+                    self._client[req] = int(phases.clients[i])
                     heapq.heappush(self._dormant, (float(phases.wakes[i]), req, version))
                     heapq.heappush(self._settling, (float(phases.settles[i]), req, version))
         while self._dormant and self._dormant[0][0] <= now:
@@ -117,8 +170,11 @@ class WaitingValues:
         if settled:
             self._value(settled, now)
             for req in settled:
-                self._push(self._by_density, req, 2)
-                self._push(self._by_value, req, 1)
+                _, value, density = self._valued[req]
+                member = (self._start[req], -self._seq[req], req, self._version[req])
+                client = self._client[req]
+                self._by_value.add(client, member, value * SLACK)
+                self._by_density.add((client, self._need[req]), member, density * SLACK)
 
     def _value(self, rows: list[int], now: float) -> None:
         values = self._values(rows, now)
@@ -126,41 +182,68 @@ class WaitingValues:
         for req, v, d in zip(rows, values.tolist(), densities.tolist(), strict=True):
             self._valued[req] = (now, v, d)
 
-    def _push(self, heap: list[Entry], req: int, field: int) -> None:
-        """Push a settled request with its last value (field 1) or density (2) as its bound."""
-        bound = self._valued[req][field] * SLACK
-        heapq.heappush(heap, (-bound, self._seq[req], req, self._version[req]))
-
-    def _value_rising(self, queue: WaitingQueue, now: float) -> None:
-        """Value the rising requests at `now` (once per time and membership)."""
+    def _value_rising(
+        self,
+        queue: WaitingQueue,
+        now: float,
+        also: Sequence[int] = (),
+        settled: Sequence[int] = (),
+    ) -> np.ndarray:
+        """Value the rising requests at `now` (once per time and membership), in one call with
+        `also` (running requests, whose values it returns) and `settled` ones (kept)."""
         for req in [r for r, v in self._rising.items() if not self._live(queue, r, v)]:
             del self._rising[req]
             self._rising_changes += 1
-        if self._rising_valued == (now, self._rising_changes):
-            return
-        self._rising_valued = (now, self._rising_changes)
-        rows = list(self._rising)
-        if not rows:
-            self._rising_rank, self._rising_best = [], 0.0
-            return
-        values = self._values(rows, now)
-        densities = (values / self._blocks(rows)).tolist()
-        ranked = zip(densities, [self._seq[r] for r in rows], rows, strict=True)
-        self._rising_rank = sorted(ranked, key=lambda e: (-e[0], e[1]))
-        self._rising_best = float(values.max())
+        stale = self._rising_valued != (now, self._rising_changes)
+        if not stale and not also:
+            return np.zeros(0)
+        rising = list(self._rising) if stale else []
+        rows = [*also, *rising, *settled]
+        values = self._values(rows, now) if rows else np.zeros(0)
+        densities = values / self._blocks(rows) if rows else values
+        if stale:
+            self._rising_valued = (now, self._rising_changes)
+            at = slice(len(also), len(also) + len(rising))
+            seqs = [self._seq[r] for r in rising]
+            ranked = zip(densities[at].tolist(), seqs, rising, strict=True)
+            self._rising_rank = sorted(ranked, key=lambda e: (-e[0], e[1]))
+            self._rising_best = float(values[at].max()) if rising else 0.0
+        first = len(also) + len(rising)
+        for req, v, d in zip(settled, values[first:].tolist(), densities[first:].tolist()):
+            self._valued[req] = (now, v, d)
+        return values[: len(also)]
 
     # ---- the queries -------------------------------------------------------------------------
+    def value_running(self, running: list[int], queue: WaitingQueue, now: float) -> np.ndarray:
+        """The running requests' values at `now`, valued together with the rising waiting ones
+        (one vectorised call instead of two: the call's own cost, not its rows, dominates at a
+        few hundred rows)."""
+        self._catch_up(queue, now)
+        return self._value_rising(queue, now, running, self._likely_opened(queue, now))
+
+    def _likely_opened(self, queue: WaitingQueue, now: float) -> list[int]:
+        """The members a query at `now` will most likely value: the youngest of the groups in
+        the first levels of each heap (the three best bounds are among them)."""
+        likely: dict[int, None] = {}
+        for groups in (self._by_value, self._by_density):
+            for _, stamp, group in groups.heap[:7]:
+                if groups.stamp.get(group) != stamp:
+                    continue
+                for _, _, req, version in groups.members[group][-BATCH:]:
+                    if self._live(queue, req, version) and self._valued[req][0] != now:
+                        likely[req] = None
+        return list(likely)
+
     def best_value(self, queue: WaitingQueue, now: float) -> float:
         """The largest value of any waiting request at `now` (0 when all are dormant)."""
         self._catch_up(queue, now)
         self._value_rising(queue, now)
-        best, heap, seen = self._rising_best, self._by_value, []
-        while heap and -heap[0][0] > best:
-            batch = self._pop_batch(heap, queue, now, best)
-            best = max([best] + [self._valued[req][1] for req in batch])
-            seen += batch
-        for req in seen:
-            self._push(heap, req, 1)
+        groups, best = self._by_value, self._rising_best
+        opened: dict[object, int] = {}
+        while groups.top_bound() > best:
+            taken = self._open(groups, groups.pop_top(), opened, queue, now)
+            best = max([best] + [self._valued[req][1] for req in taken])
+        self._close(groups, opened)
         return best
 
     def ranked(self, queue: WaitingQueue, now: float) -> Generator[tuple[float, int], None, None]:
@@ -169,26 +252,25 @@ class WaitingValues:
         self._catch_up(queue, now)
         self._value_rising(queue, now)
         rising = [e for e in self._rising_rank if e[0] > 0]
-        heap = self._by_density
-        settled: list[tuple[float, int, int]] = []  # (-density, seq, req) valued at `now`
-        taken: list[int] = []
+        groups = self._by_density
+        opened: dict[object, int] = {}
+        pool: list[tuple[float, int, int]] = []  # (-density, seq, req) of settled ones, at `now`
         i = 0
         try:
             while True:
                 while i < len(rising) and rising[i][2] not in queue:
                     i += 1
                 top = (-rising[i][0], rising[i][1]) if i < len(rising) else None
-                # value again every settled request whose bound reaches the best known
-                while heap:
-                    known = [e for e in (top, settled[0][:2] if settled else None) if e]
+                # open every group whose bound reaches the best known
+                while True:
+                    known = [e for e in (top, pool[0][:2] if pool else None) if e]
                     best = -min(known)[0] if known else 0.0
-                    if -heap[0][0] < best:
+                    if not groups.top_bound() or groups.top_bound() < best:
                         break
-                    for req in self._pop_batch(heap, queue, now, best):
-                        heapq.heappush(settled, (-self._valued[req][2], self._seq[req], req))
-                if settled and (top is None or settled[0][:2] < top):
-                    density, _, req = heapq.heappop(settled)
-                    taken.append(req)
+                    for req in self._open(groups, groups.pop_top(), opened, queue, now):
+                        heapq.heappush(pool, (-self._valued[req][2], self._seq[req], req))
+                if pool and (top is None or pool[0][:2] < top):
+                    density, _, req = heapq.heappop(pool)
                     yield -density, req
                 elif top is not None:
                     yield rising[i][0], rising[i][2]
@@ -196,25 +278,44 @@ class WaitingValues:
                 else:
                     return
         finally:
-            for req in taken + [e[2] for e in settled]:
-                if req in queue:
-                    self._push(heap, req, 2)
+            self._close(groups, opened)
 
-    def _pop_batch(
+    def _open(
         self,
-        heap: list[Entry],
+        groups: SettledGroups,
+        group: object,
+        opened: dict[object, int],
         queue: WaitingQueue,
         now: float,
-        at_least: float,
     ) -> list[int]:
-        """Take up to BATCH live entries off the heap's top while their bound is at least
-        `at_least`, each valued at `now` (those valued earlier, together); drop dead ones."""
-        batch: list[int] = []
-        while heap and len(batch) < BATCH and -heap[0][0] >= at_least:
-            _, _, req, version = heapq.heappop(heap)
+        """Value the group's next BATCH youngest live members at `now` (dropping dead ones) and
+        bound its older ones by the oldest of them. `opened`: how far each group opened in this
+        query has been valued (its members from that index on). Returns the members valued."""
+        members = groups.members[group]
+        at = opened.get(group, len(members))
+        taken: list[int] = []
+        while at > 0 and len(taken) < BATCH:
+            at -= 1
+            _, _, req, version = members[at]
             if self._live(queue, req, version):
-                batch.append(req)
-        stale = [req for req in batch if self._valued[req][0] != now]
+                taken.append(req)
+            else:
+                del members[at]
+        opened[group] = at
+        stale = [req for req in taken if self._valued[req][0] != now]
         if stale:
             self._value(stale, now)
-        return batch
+        if taken and at > 0:  # the older members, for the rest of this query
+            groups.set_bound(group, self._valued[taken[-1]][groups.field] * SLACK)
+        return taken
+
+    def _close(self, groups: SettledGroups, opened: dict[object, int]) -> None:
+        """After a query: each group it opened is bounded by its members valued in it (the
+        youngest: every older one is worth less), or forgotten when none is left."""
+        for group, at in opened.items():
+            members = groups.members[group]
+            if not members:
+                groups.forget(group)
+                continue
+            valued = [self._valued[req][groups.field] for _, _, req, _ in members[at:]]
+            groups.set_bound(group, max(valued) * SLACK)
