@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from policies.andes_index import Phases, WaitingValues
+from policies.andes_index import Phases, Room, WaitingValues
 from policies.base import BasePolicy
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
@@ -216,26 +216,24 @@ class Andes(BasePolicy):
         stops as soon as every movable one is decided. `densities`: the movable ones' values
         per KV block."""
         needs = self._blocks(movable).tolist()
-        left = sorted(range(len(movable)), key=lambda i: -densities[i])  # stable: ties in order
+        room = Room(capacity if capacity > 0 else None)
+        first = list(zip(densities, movable, needs, strict=True))
         taken: set[int] = set()
         used = 0
-        waiting = self.waiting.ranked(queue, now)
+        ranked = self.waiting.ranked(queue, now, room, first)
         try:
-            nxt = next(waiting, None)
-            while left:
-                if nxt is not None and nxt[0] > densities[left[0]]:
-                    req, need = nxt[1], self.waiting.need(nxt[1])
-                    nxt = next(waiting, None)
-                else:
-                    i = left.pop(0)
-                    req, need = movable[i], needs[i]
+            # while under 90% full, the ranking passes over what does not fit (the reference
+            # solver skips it); from there on, the first that does not fit ends the knapsack
+            for _, req in ranked:
+                need = needs[movable.index(req)] if req in movable else self.waiting.need(req)
                 if used + need <= capacity:
                     used += need
                     taken.add(req)
-                elif used >= 0.9 * capacity:  # full enough: the reference solver stops here
+                elif used >= 0.9 * capacity:
                     break
+                room.blocks = capacity - used if used < 0.9 * capacity else None
         finally:
-            waiting.close()
+            ranked.close()
         return taken & set(movable)
 
     def victim(self, running: list[int]) -> int:

@@ -50,6 +50,15 @@ class Phases:
 
 
 Member = tuple[float, int, int, int]  # (start, -seq, request, version): youngest last
+
+
+@dataclass
+class Room:
+    """What a knapsack still has room for: `blocks`, or None once it takes whatever fits."""
+
+    blocks: int | None
+
+
 Values = Callable[[list[int], float], np.ndarray]
 Blocks = Callable[[list[int]], np.ndarray]
 
@@ -246,38 +255,75 @@ class WaitingValues:
         self._close(groups, opened)
         return best
 
-    def ranked(self, queue: WaitingQueue, now: float) -> Generator[tuple[float, int], None, None]:
+    def ranked(
+        self,
+        queue: WaitingQueue,
+        now: float,
+        room: Room | None = None,
+        first: Sequence[tuple[float, int, int]] = (),
+    ) -> Generator[tuple[float, int], None, None]:
         """The waiting requests of positive value, as (density, request), best density first,
-        ties in queue order. Close it when done: it puts back what it took."""
+        ties in queue order. Close it when done: it puts back what it took.
+
+        The knapsack's form: `first` (density, request, blocks) ranks requests from outside
+        the queue with it, before waiting ones of equal density (ties: in their order), and
+        the ranking ends once all of them are passed; while `room.blocks` is set, requests
+        needing more blocks are passed over (groups of them unopened)."""
         self._catch_up(queue, now)
         self._value_rising(queue, now)
-        rising = [e for e in self._rising_rank if e[0] > 0]
+        need = self._need
+        # keys: (-density, 0 for `first` / 1 for waiting, place in its order, request)
+        rising = [(-d, 1, seq, req) for d, seq, req in self._rising_rank if d > 0]
+        outside = sorted((-d, 0, i, req) for i, (d, req, _) in enumerate(first))
+        need_outside = {req: blocks for _, req, blocks in first}
         groups = self._by_density
         opened: dict[object, int] = {}
-        pool: list[tuple[float, int, int]] = []  # (-density, seq, req) of settled ones, at `now`
-        i = 0
+        deferred: list[object] = []  # groups passed over for want of room
+        pool: list[tuple[float, int, int, int]] = []  # opened groups' members, valued at `now`
+        last: tuple[float, int, int, int] | None = None  # the last yielded
+        ri = fi = 0
         try:
             while True:
-                while i < len(rising) and rising[i][2] not in queue:
-                    i += 1
-                top = (-rising[i][0], rising[i][1]) if i < len(rising) else None
-                # open every group whose bound reaches the best known
-                while True:
-                    known = [e for e in (top, pool[0][:2] if pool else None) if e]
+                limit = room.blocks if room is not None else None
+                if limit is None and deferred:  # room no longer rules: they come back
+                    for group in deferred:
+                        groups.set_bound(group, groups.bound[group])
+                    deferred.clear()
+                while ri < len(rising) and rising[ri][3] not in queue:
+                    ri += 1
+                if first and fi == len(outside):
+                    return
+                heads = rising[ri : ri + 1] + outside[fi : fi + 1]
+                while True:  # open every group whose bound reaches the best known
+                    while pool and last is not None and pool[0] <= last:
+                        heapq.heappop(pool)  # a group back from deferral: ranked already
+                    known = heads + pool[:1]
                     best = -min(known)[0] if known else 0.0
                     if not groups.top_bound() or groups.top_bound() < best:
                         break
-                    for req in self._open(groups, groups.pop_top(), opened, queue, now):
-                        heapq.heappush(pool, (-self._valued[req][2], self._seq[req], req))
-                if pool and (top is None or pool[0][:2] < top):
-                    density, _, req = heapq.heappop(pool)
-                    yield -density, req
-                elif top is not None:
-                    yield rising[i][0], rising[i][2]
-                    i += 1
-                else:
+                    group = groups.pop_top()
+                    if limit is not None and group[1] > limit:  # type: ignore[index]
+                        deferred.append(group)  # every member would be passed over now
+                        continue
+                    for req in self._open(groups, group, opened, queue, now):
+                        density = self._valued[req][2]
+                        heapq.heappush(pool, (-density, 1, self._seq[req], req))
+                known = heads + pool[:1]
+                if not known:
                     return
+                last = min(known)
+                if pool and last is pool[0]:
+                    heapq.heappop(pool)
+                elif last[1] == 1:
+                    ri += 1
+                else:
+                    fi += 1
+                blocks = need[last[3]] if last[1] == 1 else need_outside[last[3]]
+                if limit is None or blocks <= limit:
+                    yield -last[0], last[3]
         finally:
+            for group in deferred:
+                groups.set_bound(group, groups.bound[group])
             self._close(groups, opened)
 
     def _open(

@@ -164,8 +164,11 @@ class DLPM(PrefixAware, DRR):
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
         if not len(queue):
             return None
-        waiting = self.refill_when_all_spent(queue, now)
         credit, client = self.credit, self._client_of
+        for req in self.ranked_window(queue):  # a client in credit there: no refill is due
+            if credit[client[req]] > 0:
+                return req
+        waiting = self.refill_when_all_spent(queue, now)
         for req in self.ranked_window(queue):
             if credit[client[req]] > 0:
                 return req

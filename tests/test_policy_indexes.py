@@ -179,7 +179,8 @@ def test_andes_waiting_values_rank_as_valuing_the_whole_queue_does(seed):
     """Arrivals, admissions from anywhere in the queue and preempted requests put back with
     tokens in hand, over 400 simulated seconds: at every time, the kept ranking lists every
     waiting request of positive value per KV block in the order (ties: queue order) and with
-    the densities of valuing the whole queue, and the best value is its maximum."""
+    the densities of valuing the whole queue, and the best value is its maximum; and the
+    knapsack keeps the running requests that valuing everything keeps, whatever its room."""
     rng = np.random.default_rng(seed)
     n = 600
     trace = Trace.from_columns(
@@ -195,7 +196,7 @@ def test_andes_waiting_values_rank_as_valuing_the_whole_queue_does(seed):
     policy.bind(trace)
     policy.see_replica(FullPool())
     queue = WaitingQueue(list(trace.client))
-    arrived, checked = 0, 0
+    arrived, checked, running = 0, 0, []
     for now in np.cumsum(rng.exponential(0.7, 600)):
         while arrived < n and trace.arrival[arrived] <= now:
             policy.on_arrival(arrived, float(trace.arrival[arrived]), queue)
@@ -209,6 +210,8 @@ def test_andes_waiting_values_rank_as_valuing_the_whole_queue_does(seed):
                 if rng.random() < 0.5:
                     policy.waiting.entered(req)
                     queue.push_front(req)
+                else:
+                    running.append(req)
         waiting = queue.in_order()
         if not waiting:
             continue
@@ -218,8 +221,56 @@ def test_andes_waiting_values_rank_as_valuing_the_whole_queue_does(seed):
         ranked = policy.waiting.ranked(queue, now)
         assert list(ranked) == expected
         assert policy.waiting.best_value(queue, now) == policy.values(waiting, now).max()
+        # the knapsack: two running requests against the queue, room from none to plenty
+        movable = (
+            [int(r) for r in rng.choice(running, 2, replace=False)] if len(running) > 1 else []
+        )
+        if movable:
+            ranked = movable + waiting
+            moving = policy.values(movable, now) / policy._blocks(movable)
+            order = np.argsort(-np.concatenate([moving, density]), kind="stable")
+            needs = policy._blocks(ranked)
+            for capacity in rng.integers(-5, 150, 6).tolist():
+                plain, used = set(), 0
+                for i in order.tolist():
+                    if used + needs[i] <= capacity:
+                        used += needs[i]
+                        plain.add(ranked[i])
+                    elif used >= 0.9 * capacity:
+                        break
+                got = policy._fill(movable, moving.tolist(), capacity, queue, now)
+                assert got == plain & set(movable), (now, capacity)
         checked += len(expected) > 0
     assert checked > 100
+
+
+def test_andes_knapsack_stops_at_a_request_it_passed_over_the_group_of():
+    """A group of waiting requests too big for the room left is passed over as a whole; once
+    the knapsack is 90% full, its next member is still the next request, which does not fit
+    and ends the knapsack before the running request ranked after it (capacity 10 blocks:
+    take A (1 block), pass B1 (10), take C (8): 9 used; B2 (10) ends it; M (1) stays out)."""
+    now = 200.0
+    ages = {"M": 150, "A": 30, "B2": 30, "C": 13, "B1": 10}  # seconds since arrival
+    trace = Trace.from_columns(
+        client=["c"] * 5,
+        arrival=[now - age for age in ages.values()],
+        prompt_len=[1, 1, 150, 120, 150],  # KV blocks: 1, 1, 10, 8, 10
+        output_len=[10] * 5,
+    )
+    m, a, b2, c, b1 = range(5)
+    policy = Andes()
+    policy.bind(trace)
+    policy.see_replica(FullPool())
+    queue = WaitingQueue(list(trace.client))
+    for req in range(5):
+        policy.on_arrival(req, float(trace.arrival[req]), queue)
+        if req != m:
+            queue.push(req)
+    density = policy.values(list(range(5)), now) / policy._blocks(list(range(5)))
+    assert list(np.argsort(-density)) == [a, b1, c, b2, m]  # the ranking the story needs
+    assert [d for _, d in policy.waiting.ranked(queue, now)] == [a, b1, c, b2]
+    assert policy._fill([m], [float(density[m])], 10, queue, now) == set()
+    assert policy._fill([m], [float(density[m])], 40, queue, now) == {m}  # room for all
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
