@@ -96,9 +96,13 @@ class SettledGroups:
             heapq.heappop(heap)
         return -heap[0][0] if heap else 0.0
 
-    def pop_top(self) -> object:
-        """Take the group with the highest bound off the heap (`top_bound` first)."""
-        return heapq.heappop(self.heap)[2]
+    def pop_while(self, at_least: float | None) -> list[object]:
+        """Take off the heap every group whose bound is at least `at_least` (None: the top
+        one alone), best first; at least the top one (`top_bound` first)."""
+        taken = [heapq.heappop(self.heap)[2]]
+        while at_least is not None and self.top_bound() and self.top_bound() >= at_least:
+            taken.append(heapq.heappop(self.heap)[2])
+        return taken
 
     def forget(self, group: object) -> None:
         del self.members[group], self.bound[group], self.stamp[group]
@@ -250,7 +254,7 @@ class WaitingValues:
         groups, best = self._by_value, self._rising_best
         opened: dict[object, int] = {}
         while groups.top_bound() > best:
-            taken = self._open(groups, groups.pop_top(), opened, queue, now)
+            taken = self._open(groups, groups.pop_while(best), opened, queue, now)
             best = max([best] + [self._valued[req][1] for req in taken])
         self._close(groups, opened)
         return best
@@ -301,11 +305,13 @@ class WaitingValues:
                     best = -min(known)[0] if known else 0.0
                     if not groups.top_bound() or groups.top_bound() < best:
                         break
-                    group = groups.pop_top()
-                    if limit is not None and group[1] > limit:  # type: ignore[index]
-                        deferred.append(group)  # every member would be passed over now
-                        continue
-                    for req in self._open(groups, group, opened, queue, now):
+                    opening = []
+                    for group in groups.pop_while(best if known else None):
+                        if limit is not None and group[1] > limit:  # type: ignore[index]
+                            deferred.append(group)  # every member would be passed over now
+                        else:
+                            opening.append(group)
+                    for req in self._open(groups, opening, opened, queue, now):
                         density = self._valued[req][2]
                         heapq.heappush(pool, (-density, 1, self._seq[req], req))
                 known = heads + pool[:1]
@@ -329,30 +335,36 @@ class WaitingValues:
     def _open(
         self,
         groups: SettledGroups,
-        group: object,
+        opening: list[object],
         opened: dict[object, int],
         queue: WaitingQueue,
         now: float,
     ) -> list[int]:
-        """Value the group's next BATCH youngest live members at `now` (dropping dead ones) and
-        bound its older ones by the oldest of them. `opened`: how far each group opened in this
-        query has been valued (its members from that index on). Returns the members valued."""
-        members = groups.members[group]
-        at = opened.get(group, len(members))
+        """Value each group's next BATCH youngest live members at `now`, all in one call
+        (dropping dead ones), and bound each group's older ones by the oldest of them.
+        `opened`: how far each group opened in this query has been valued (its members from
+        that index on). Returns the members valued."""
         taken: list[int] = []
-        while at > 0 and len(taken) < BATCH:
-            at -= 1
-            _, _, req, version = members[at]
-            if self._live(queue, req, version):
-                taken.append(req)
-            else:
-                del members[at]
-        opened[group] = at
+        oldest: list[tuple[object, int]] = []  # each group with older members left
+        for group in opening:
+            members = groups.members[group]
+            at, count = opened.get(group, len(members)), 0
+            while at > 0 and count < BATCH:
+                at -= 1
+                _, _, req, version = members[at]
+                if self._live(queue, req, version):
+                    taken.append(req)
+                    count += 1
+                else:
+                    del members[at]
+            opened[group] = at
+            if count and at > 0:
+                oldest.append((group, taken[-1]))
         stale = [req for req in taken if self._valued[req][0] != now]
         if stale:
             self._value(stale, now)
-        if taken and at > 0:  # the older members, for the rest of this query
-            groups.set_bound(group, self._valued[taken[-1]][groups.field] * SLACK)
+        for group, req in oldest:  # the older members, for the rest of this query
+            groups.set_bound(group, self._valued[req][groups.field] * SLACK)
         return taken
 
     def _close(self, groups: SettledGroups, opened: dict[object, int]) -> None:
