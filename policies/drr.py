@@ -69,13 +69,13 @@ class DRR(BasePolicy):
         return None
 
     def pick(self, queue: WaitingQueue, now: float) -> int | None:
+        if self.position >= 0:  # the client whose turn it is, while in credit and waiting
+            current = self.order[self.position]
+            if self.credit[current] > 0 and queue.has_waiting(current):
+                return queue.head(current)
         waiting = set(queue.waiting_clients())
         if not waiting:
             return None
-        if self.position >= 0:
-            current = self.order[self.position]
-            if current in waiting and self.credit[current] > 0:
-                return queue.head(current)
         self._skip_idle_rounds(waiting, now)
         while True:  # ends within one round: _skip_idle_rounds left a client one refill away
             self.position = (self.position + 1) % len(self.order)
