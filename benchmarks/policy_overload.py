@@ -9,17 +9,23 @@ in this process after a warm-up run; wall time covers composing, building and si
 run folder). Prints one line per policy, then one JSON object.
 
 Target: every policy within 2x FCFS. Measured on a 2-core x86 VM at the default load, in
-interleaved runs: FCFS 0.78-0.88 s; LPM 10.4x and DLPM 11.4x FCFS when every pick took the
+interleaved runs: FCFS 0.78-1.2 s; LPM 10.4x and DLPM 11.4x FCFS when every pick took the
 oldest 128 waiting requests in time proportional to the whole queue, 3.6x and 4.4x since
 `WaitingQueue.in_order(limit)` takes time proportional to `limit`, and 1.3x and 2.1x since the
 block pool tracks each waiting request's match as keys enter and leave the cache and LPM keeps
-its ranking while neither the window nor a match in it changed (2026-11-26; DLPM is DRR's
-1.8x plus the ranking). At `--rate-scale 40` (the issue's overload): VTC 1.73x, LCF 1.70x, DRR
-1.77x, priority 1.14x, LPM 1.23x, DLPM 2.10x; the whole `fairsim` command there: FCFS 10.3 s,
-LPM 10.5 s, DLPM 13.3 s (before: over 120 s each). On the overloaded prefix-heavy mix
-(`workload=prefix_heavy workload.rate=4 engine.pool_tokens=16000`): FCFS 2.1 s, LPM 22.6 ->
-2.7 s, DLPM 33.3 -> 5.0 s. Andes, which values every waiting request at every pick under KV
-pressure, is about 30x (the whole `fairsim` command: 77 s against 2.3 s): not yet met.
+its ranking while neither the window nor a match in it changed. On the overloaded prefix-heavy
+mix (`workload=prefix_heavy workload.rate=4 engine.pool_tokens=16000`): FCFS 2.1 s, LPM 22.6 ->
+2.7 s, DLPM 33.3 -> 5.0 s.
+
+2026-11-26, later: DRR takes the client whose turn it is without listing the waiting clients
+(DRR 1.95x -> 1.6-1.8x, DLPM 2.1x -> 1.98-2.11x over five runs). Andes keeps its waiting
+requests' values by phase and in groups whose order never changes (policies/andes_index.py):
+about 30x -> 11x at the default load; at `--rate-scale 40` (the issue's overload) over 600 s
+(stopped) -> 477 s with one heap of bounds -> 152 s once the knapsack passes over groups that
+do not fit -> 75 s opening every group that could win at once. Not met: valuing the running
+batch at every step, which the algorithm needs, alone costs about an FCFS step.
+At `--rate-scale 40`: VTC 1.78x, LCF 1.76x, DRR 1.78x, priority 1.13x, LPM 1.22x, DLPM 2.03x,
+Andes 16.8x (75.5 s against FCFS 4.5 s).
 
 Usage: python benchmarks/policy_overload.py [--rate-scale 10] [--policies fcfs,lpm,...]
 """
