@@ -236,7 +236,8 @@ class WaitingValues:
 
     def _likely_opened(self, queue: WaitingQueue, now: float) -> list[int]:
         """The members a query at `now` will most likely value: the youngest of the groups in
-        the first levels of each heap (the three best bounds are among them)."""
+        the first three levels of each heap, where the best bounds are (a guess: a query values
+        whatever else it needs itself)."""
         likely: dict[int, None] = {}
         for groups in (self._by_value, self._by_density):
             for _, stamp, group in groups.heap[:7]:
