@@ -195,15 +195,16 @@ class WaitingValues:
         for req, v, d in zip(rows, values.tolist(), densities.tolist(), strict=True):
             self._valued[req] = (now, v, d)
 
-    def _value_rising(
+    def _value_batch(
         self,
         queue: WaitingQueue,
         now: float,
         also: Sequence[int] = (),
         settled: Sequence[int] = (),
     ) -> np.ndarray:
-        """Value the rising requests at `now` (once per time and membership), in one call with
-        `also` (running requests, whose values it returns) and `settled` ones (kept)."""
+        """Value at `now`, in one call: the rising requests (once per time and membership; their
+        ranking and best value are kept), `also` (running requests, whose values it returns)
+        and `settled` ones (kept in `_valued`)."""
         for req in [r for r, v in self._rising.items() if not self._live(queue, r, v)]:
             del self._rising[req]
             self._rising_changes += 1
@@ -232,7 +233,7 @@ class WaitingValues:
         (one vectorised call instead of two: the call's own cost, not its rows, dominates at a
         few hundred rows)."""
         self._catch_up(queue, now)
-        return self._value_rising(queue, now, running, self._likely_opened(queue, now))
+        return self._value_batch(queue, now, running, self._likely_opened(queue, now))
 
     def _likely_opened(self, queue: WaitingQueue, now: float) -> list[int]:
         """The members a query at `now` will most likely value: the youngest of the groups in
@@ -251,7 +252,7 @@ class WaitingValues:
     def best_value(self, queue: WaitingQueue, now: float) -> float:
         """The largest value of any waiting request at `now` (0 when all are dormant)."""
         self._catch_up(queue, now)
-        self._value_rising(queue, now)
+        self._value_batch(queue, now)
         groups, best = self._by_value, self._rising_best
         opened: dict[object, int] = {}
         while groups.top_bound() > best:
@@ -275,7 +276,7 @@ class WaitingValues:
         the ranking ends once all of them are passed; while `room.blocks` is set, requests
         needing more blocks are passed over (groups of them unopened)."""
         self._catch_up(queue, now)
-        self._value_rising(queue, now)
+        self._value_batch(queue, now)
         need = self._need
         # keys: (-density, 0 for `first` / 1 for waiting, place in its order, request)
         rising = [(-d, 1, seq, req) for d, seq, req in self._rising_rank if d > 0]

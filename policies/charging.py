@@ -91,8 +91,7 @@ class TokenCharges:
         """Per client with running requests: its charge in each of `steps` decode steps."""
         out: list[tuple[int, np.ndarray]] = []
         if self.constant_token_price is not None:
-            # per client in index order; plain lists: a step's few clients cost less than
-            # numpy's per-call overhead (DRR 1.95x -> see benchmarks/policy_overload.py)
+            # per client in index order, listed in Python: a step has few clients
             for c, count in enumerate(np.bincount(clients).tolist()):
                 if count:
                     inc = self.constant_token_price * float(count) / self.weight[c]
