@@ -8,11 +8,13 @@ resident set. The replicas are simulated in one forked process each, as `fairsim
 (`cluster.processes=auto`; `--processes 1` keeps them in this process); `child_peak_mb` is the
 forked process's peak. `--one-process` also times the run in one process, with the ratio and
 whether the timeline is the same. The same run with fast-forward off is timed too
-(`--compare`), with the ratio. The trace ships with fairsim
+(`--compare`), with the ratio. `--pools P,D` runs disaggregated pools instead: P prefill and D
+decode replicas of the same GPU (the KV moved at 25 GB/s per transfer); target for 2,2 on the
+2-core VM: the whole process in <= 3 s. The trace ships with fairsim
 (data:azure2023/conv_vidur_format.csv; --path reads another). Prints one JSON object last.
 
 Usage: python benchmarks/azure_conv_cluster.py [--path CSV] [--compare] [--one-process]
-       [--processes N|auto] [--dispatcher NAME]
+       [--processes N|auto] [--dispatcher NAME] [--pools P,D]
 """
 
 from __future__ import annotations
@@ -39,13 +41,19 @@ DEFAULT = resolve_path("data:azure2023/conv_vidur_format.csv")
 
 
 def run(
-    path: Path, fast_forward: bool, dispatcher: str = "round_robin", processes: int | str = "auto"
+    path: Path,
+    fast_forward: bool,
+    dispatcher: str = "round_robin",
+    processes: int | str = "auto",
+    pools: tuple[int, int] | None = None,
 ) -> tuple[float, dict[str, float | int | str]]:
     t0 = time.perf_counter()
     trace = load_vidur(path)
     cost = VidurProfileCost(model="llama-2-7b", gpu="a100-80gb")
     engine = VLLMConfig(fast_forward=fast_forward)  # pool: A100 memory less weights
     cluster = ClusterConfig(2, dispatcher, processes)
+    if pools is not None:
+        cluster = ClusterConfig(prefill_replicas=pools[0], decode_replicas=pools[1])
     timeline = simulate(trace, FCFS(), cost, engine, cluster)
     rows, index, times = timeline.token_times()
     wall = time.perf_counter() - t0
@@ -80,11 +88,16 @@ def main() -> None:
     )
     ap.add_argument("--processes", default="auto", help="processes simulating the replicas")
     ap.add_argument("--one-process", action="store_true", help="also run in one process")
+    ap.add_argument("--pools", help="P,D: disaggregated prefill and decode pools instead")
     args = ap.parse_args()
     processes = args.processes if args.processes == "auto" else int(args.processes)
     if not args.path.exists():
         sys.exit(f"{args.path}: not found (the Azure conversation trace in Vidur's format)")
-    wall, facts = run(args.path, True, args.dispatcher, processes)
+    pools = None
+    if args.pools:
+        p, d = (int(x) for x in args.pools.split(","))
+        pools = (p, d)
+    wall, facts = run(args.path, True, args.dispatcher, processes, pools)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     out: dict[str, object] = {"wall_s": round(wall, 3), "peak_mb": round(peak_mb, 1)}
@@ -95,7 +108,7 @@ def main() -> None:
         out["processes_speedup"] = round(alone / wall, 2)
         out["same_timeline_one_process"] = other["timeline_sha256"] == facts["timeline_sha256"]
     if args.compare:
-        slow, other = run(args.path, False, args.dispatcher, processes)
+        slow, other = run(args.path, False, args.dispatcher, processes, pools)
         out["stepping_wall_s"] = round(slow, 3)
         out["speedup"] = round(slow / wall, 2)
         out["same_timeline"] = other["timeline_sha256"] == facts["timeline_sha256"]

@@ -183,6 +183,18 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
         (["slos=[{metric: latency, percentile: 0.9, value: 1}]"], "slos[0], field 'metric'"),
         (["seed=[1"], "no viable alternative at input '[1'"),
         (
+            ["cluster.prefill_replicas=1", "cluster.decode_replicas=1"],
+            "cluster.prefill_replicas > 0 (disaggregated pools) needs engine=vllm, got "
+            "engine=slora",
+        ),
+        (["cluster.prefill_replicas=1"], "cluster.prefill_replicas > 0 needs cluster.decode_"),
+        (["cluster.disaggregation.decider=coin"], "cluster.disaggregation.decider must be one of"),
+        (
+            ["cluster.disaggregation.prefill_engine={pool_tokens: 3}"],
+            "cluster.disaggregation.prefill_engine: a mapping; add its entries one at a time with "
+            "+, e.g. +cluster.disaggregation.prefill_engine.NAME=VALUE",
+        ),
+        (
             ["hydra.run.dir=/proc/nope"],
             "hydra.run.dir=/proc/nope: cannot make the run folder there",
         ),

@@ -23,11 +23,13 @@ DISPATCHERS, and a line in the `cluster` block's comment in conf/config.yaml.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 from simulator.core.errors import ConfigError
 from simulator.core.seam import CounterPolicy, Policy
+from simulator.engines.disaggregation import DisaggregationConfig
 from simulator.engines.step_model import StepModel
 
 
@@ -165,10 +167,18 @@ class ClusterConfig:
     # processes that simulate the replicas of a static dispatcher at once in an offline run
     # (same timeline as one process): a number, or "auto" for one per CPU this process may use
     processes: int | str = 1
+    # prefill/decode disaggregation (simulator/engines/disaggregation.py): prefill_replicas > 0
+    # runs a prefill pool and a decode pool of decode_replicas instead of `replicas`
+    prefill_replicas: int = 0
+    decode_replicas: int = 0
+    disaggregation: DisaggregationConfig | Mapping[str, Any] = field(
+        default_factory=DisaggregationConfig
+    )
 
     def __post_init__(self) -> None:
         if int(self.replicas) != self.replicas or self.replicas < 1:
             raise ConfigError(f"cluster.replicas must be an integer >= 1, got {self.replicas!r}")
+        self._check_pools()
         p = self.processes
         if p != "auto" and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
             raise ConfigError(f"cluster.processes must be an integer >= 1 or auto, got {p!r}")
@@ -176,6 +186,51 @@ class ClusterConfig:
             raise ConfigError(
                 f"cluster.dispatcher must be one of {tuple(DISPATCHERS)}, got {self.dispatcher!r}"
             )
+
+    def _check_pools(self) -> None:
+        for key in ("prefill_replicas", "decode_replicas"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or int(v) != v or v < 0:
+                raise ConfigError(f"cluster.{key} must be an integer >= 0, got {v!r}")
+        pd = self.disaggregation
+        if isinstance(pd, Mapping):
+            accepted = {f.name for f in fields(DisaggregationConfig)}
+            unknown = sorted(set(pd) - accepted)
+            if unknown:
+                raise ConfigError(
+                    f"cluster.disaggregation: unknown key(s) {unknown}; "
+                    f"accepted: {sorted(accepted)}"
+                )
+            object.__setattr__(self, "disaggregation", DisaggregationConfig(**pd))
+        if not self.prefill_replicas:
+            if self.decode_replicas:
+                raise ConfigError(
+                    "cluster.decode_replicas is set but cluster.prefill_replicas is 0: give both "
+                    "(disaggregated pools) or neither (cluster.replicas co-located replicas)"
+                )
+            return
+        if self.decode_replicas < 1:
+            raise ConfigError("cluster.prefill_replicas > 0 needs cluster.decode_replicas >= 1")
+        if self.replicas not in (1, self.prefill_replicas + self.decode_replicas):
+            raise ConfigError(
+                f"cluster.replicas={self.replicas} with disaggregated pools: leave it at 1 (the "
+                "pools' sizes are cluster.prefill_replicas and cluster.decode_replicas)"
+            )
+        object.__setattr__(self, "replicas", self.prefill_replicas + self.decode_replicas)
+        assert isinstance(self.disaggregation, DisaggregationConfig)
+        for pool in ("prefill", "decode"):
+            name = getattr(self.disaggregation, f"{pool}_dispatcher")
+            routed = [k for k, d in DISPATCHERS.items() if not d.shared]
+            if name not in routed:
+                raise ConfigError(
+                    f"cluster.disaggregation.{pool}_dispatcher must be one of {tuple(routed)}, "
+                    f"got {name!r} (pools route each request; counters: shared shares a policy)"
+                )
+
+    @property
+    def disaggregated(self) -> bool:
+        """A prefill pool and a decode pool instead of co-located replicas."""
+        return self.prefill_replicas > 0
 
     @property
     def process_count(self) -> int:

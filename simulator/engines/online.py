@@ -31,12 +31,12 @@ class OnlineRunner(Runner):
         self._aborted: set[int] = set()  # requests whose client went away
         self._chained = {row for row, _ in self.successor.values()}
 
-    def _accept(self, replica: int, req: int, now: float) -> None:
+    def accept(self, replica: int, req: int, now: float) -> None:
         if req in self._aborted:  # its client left before it arrived here
             self.state.arrival[req] = now - self.frontend
             self._end(req, now, REJECTED, ABORTED)
             return
-        super()._accept(replica, req, now)
+        super().accept(replica, req, now)
 
     def push(self, rows: Sequence[int], times: Sequence[float] | None = None) -> None:
         """Make trace rows arrive at `times` (default: their trace times), each at or after

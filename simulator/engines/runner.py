@@ -42,6 +42,7 @@ from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.assemble import ReplicaPart, assemble_timeline, counter_frame, counter_logs
 from simulator.engines.dispatch import ClusterConfig
 from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
+from simulator.engines.pools import DisaggregatedPools
 from simulator.engines.step_model import EngineConfig, Plan, StepModel
 from traces.schema import Trace
 
@@ -97,14 +98,29 @@ class Runner:
         self.dispatcher = cluster.make_dispatcher(self.state.client_of)
         self.dispatcher.check(policy)
         n, shared = cluster.replicas, self.dispatcher.shared
-        copies = 0 if shared else n - 1  # replica 0 runs the given policy object itself
-        self.policies = [policy] + [copy.deepcopy(policy) for _ in range(copies)]
+        # prefill and decode pools (simulator/engines/pools.py) instead of co-located replicas
+        self.pools = (
+            DisaggregatedPools(self, cluster, policy, engine, cost)
+            if cluster.disaggregated
+            else None
+        )
+        if self.pools is not None:
+            self.policies = list({id(p): p for p in self.pools.policies}.values())
+        else:
+            copies = 0 if shared else n - 1  # replica 0 runs the given policy object itself
+            self.policies = [policy] + [copy.deepcopy(policy) for _ in range(copies)]
         for p in self.policies:
             p.bind(trace)
         self._cost = cost
-        self._refusal = engine.refusals(trace, cost).tolist()
+        self._refusal = (
+            engine.refusals(trace, cost).tolist()
+            if self.pools is None
+            else self.pools.refusals(trace)
+        )
         self.successor = chains(trace)
-        self.coupled = not self.dispatcher.static or (trace.chained and n > 1)
+        self.coupled = (
+            not self.dispatcher.static or (trace.chained and n > 1) or self.pools is not None
+        )
         # a request is sent at its arrival time and reaches the engine's queue this much later
         # (a cost model's front end: HTTP, tokenizing); its latencies count from the send
         self.frontend = float(getattr(cost, "frontend_latency", 0.0))
@@ -114,10 +130,13 @@ class Runner:
         client_of = self.state.client_of
         queues = [WaitingQueue(client_of) for _ in range(1 if shared else n)]
         self.queues = queues * n if shared else queues
-        per_replica = self.policies * n if shared else self.policies
-        fast = engine.fast_forward and not self.coupled
-        pairs = list(zip(per_replica, self.queues, strict=True))
-        self.replicas = engine.build(self, pairs, cost, fast)
+        if self.pools is not None:
+            self.replicas = self.pools.build(self.queues)
+        else:
+            per_replica = self.policies * n if shared else self.policies
+            fast = engine.fast_forward and not self.coupled
+            pairs = list(zip(per_replica, self.queues, strict=True))
+            self.replicas = engine.build(self, pairs, cost, fast)
         self.spill = spill
         if spill is not None:
             spill.folder.mkdir(parents=True, exist_ok=True)
@@ -151,7 +170,7 @@ class Runner:
         self.routed = mine  # the rows each replica serves
         feeds = [Arrivals(rows, arrival[rows].tolist(), self.horizon) for rows in mine]
         for i, feed in enumerate(feeds):
-            feed.deliver = partial(self._accept, i)
+            feed.deliver = partial(self.accept, i)
         return feeds
 
     def feed(self, replica: int) -> Arrivals:
@@ -159,14 +178,17 @@ class Runner:
 
     def _dispatch(self, req: int, now: float) -> None:
         """Coupled replicas: route an arrival when it happens."""
+        if self.pools is not None:
+            self.pools.route(req, now)
+            return
         if self.dispatcher.shared:
-            self._accept(0, req, now)  # one queue, one policy; idle replicas wake to pull
+            self.accept(0, req, now)  # one queue, one policy; idle replicas wake to pull
             return
         i = self.dispatcher.route(req, self.replicas)
         self.state.replica[req] = i
-        self._accept(i, req, now)
+        self.accept(i, req, now)
 
-    def _accept(self, replica: int, req: int, now: float) -> None:
+    def accept(self, replica: int, req: int, now: float) -> None:
         """A request arrives at a replica: refused, rejected, or queued."""
         state = self.state
         state.arrival[req] = now - self.frontend  # sent then (chained calls learn it only now)
@@ -212,18 +234,30 @@ class Runner:
         if Finished in policy.charged:
             for r in rows:
                 policy.charge(Finished(r, now))
-        if self.dispatcher.tracks_load or self.successor:
+        if self.dispatcher.tracks_load or self.successor or self.pools is not None:
             for r in rows:
                 self._released(r, now)
 
     def _released(self, req: int, now: float) -> None:
         """`req` ended: it no longer loads its replica, and a chained successor is sent after
         its think time."""
-        if self.dispatcher.tracks_load:
+        if self.pools is not None:
+            self.pools.released(req)
+        elif self.dispatcher.tracks_load:
             self.dispatcher.released(req, int(self.state.replica[req]))
         nxt = self.successor.get(req)
         if nxt is not None:
             self._release(nxt[0], now + nxt[1])
+
+    def prefilled(self, replica: int, rows: list[int], now: float) -> None:
+        """Disaggregated pools: a prefill replica handed these requests off."""
+        assert self.pools is not None
+        self.pools.prefilled(replica, rows, now)
+
+    def fetch_kv(self, replica: int, req: int, tokens: int, now: float) -> None:
+        """Disaggregated pools: a decode replica admitted `req`; `tokens` of its KV move."""
+        assert self.pools is not None
+        self.pools.fetch(replica, req, tokens, now)
 
     def queued(self, replica: int, now: float) -> None:
         """Wake the replicas that may pull from `replica`'s queue: they resume at `now` exactly
@@ -342,7 +376,7 @@ class Runner:
             feed.ingest(rep.now)
             if self._past_horizon(rep.now):
                 return
-            plan = rep.schedule(self.frontier)
+            plan = rep.schedule(self._frontier_of(rep))
             if plan is None:
                 wake = self._wake[rep.index] = env.event()
                 rep.now = yield wake  # the time of the arrival (or preemption) that woke it
@@ -354,6 +388,24 @@ class Runner:
             self._stepping[rep.index] = None
             rep.apply(plan)  # now = plan.end
             yield env.timeout(0)  # every replica applies its step before any decides
+
+    def _frontier_of(self, rep: StepModel) -> float:
+        """Until when nothing from outside can reach coupled replica `rep`: the frontier, and,
+        for a decode replica of disaggregated pools (whose policy is its own), the next
+        arrival (the dispatchers read it), the next end of a prefill step (a handoff), the
+        next KV transfer to it, or now if an idle prefill replica with work waiting could
+        start a step at any instant (when blocks it needs are freed)."""
+        pools = self.pools
+        if pools is None or not pools.fast_forward or rep.index < pools.P:
+            return self.frontier
+        until = min(self.frontier, self._feeds[0].next_time(), pools.next_kv_arrival(rep.index))
+        for p in range(pools.P):
+            end = self._stepping[p]
+            if end is not None:
+                until = min(until, end)
+            elif self._wake[p] is None or len(self.queues[p]):  # deciding now, or may wake
+                return rep.now
+        return until
 
     def _arrivals(self) -> Generator[simpy.Event, None, None]:
         """Coupled replicas: deliver arrivals while every replica is idle."""
@@ -382,7 +434,12 @@ class Runner:
                 p.counter_events() if isinstance(p, CounterPolicy) else None for p in self.policies
             ]
             counters = counter_frame(events)
-        return self.assemble(parts, counters, self.replicas[0].request_columns())
+        columns = self.replicas[0].request_columns()
+        if self.pools is None:
+            return self.assemble(parts, counters, columns)
+        timeline = self.assemble(parts, counters, columns | self.pools.request_columns())
+        timeline.info.update(self.pools.info())
+        return timeline
 
     def replica_part(self, rep: StepModel) -> ReplicaPart:
         return ReplicaPart(

@@ -171,6 +171,16 @@ class Host(Protocol):
         pull it."""
         ...
 
+    def prefilled(self, replica: int, rows: list[int], now: float) -> None:
+        """Disaggregated pools: a prefill replica sampled these requests' first tokens and
+        holds their KV for a decode replica."""
+        ...
+
+    def fetch_kv(self, replica: int, req: int, tokens: int, now: float) -> None:
+        """Disaggregated pools: a decode replica admitted `req`; `tokens` tokens of its KV
+        start to move there (the replica hears `kv_arrived` when they have)."""
+        ...
+
 
 class StepModel(Protocol):
     index: int

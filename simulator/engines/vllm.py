@@ -175,6 +175,8 @@ class VLLMRequests:
         # tokens served from the cache when re-admitted after a preemption: recompute avoided
         self.recompute_avoided = [0] * n
         self.preemptions = [0] * n
+        # disaggregated pools: waiting requests whose prompt KV is held on a prefill replica
+        self.remote: set[int] = set()
 
 
 @dataclass(slots=True)
@@ -241,10 +243,16 @@ class VLLMReplica:
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
         self.stalled: set[int] = set()  # decoding requests a step left out (token run ended)
+        # disaggregated pools (simulator/engines/disaggregation.py)
+        self.hands_off = False  # a prefill replica: requests leave after their first token
+        self.parked: set[int] = set()  # handed off, blocks held until their transfer ends
+        self.receiving: set[int] = set()  # admitted, blocks held, their KV still on the link
+        self.received: list[int] = []  # KV arrived: they join the running batch next step
+        self.unrecorded_preemptions = 0  # made in a step that then had nothing to run
 
     # ---- what the runner asks ------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.running or len(self.queue))
+        return bool(self.running or len(self.queue) or self.received)
 
     def kv_used(self) -> int:
         return self.pool.used * self.cfg.block_size
@@ -252,6 +260,8 @@ class VLLMReplica:
     def schedule(self, frontier: float) -> Plan | None:
         if self._aborting:
             self._drop_aborted()
+        if self.received:
+            self._join_received()
         if self.fast_forward and self._can_run():
             plan = self._decode_run(frontier)
             if plan is not None:
@@ -273,6 +283,8 @@ class VLLMReplica:
         self.pool.check()  # private + cached + empty blocks add up to the pool
         for r in self.running:
             self.state.reason[r] = "running"
+        for r in [*self.receiving, *self.received]:
+            self.state.reason[r] = "kv_transfer"
 
     def abort(self, req: int) -> None:
         self._aborting.append(req)
@@ -313,7 +325,9 @@ class VLLMReplica:
         return steps["end"]
 
     def counts(self) -> dict[str, int]:
-        return {}
+        # preemptions no step recorded: made with nothing left to run, the horizon came first
+        n = self.unrecorded_preemptions
+        return {"preemptions_not_in_steps": n} if n else {}
 
     def request_columns(self) -> dict[str, np.ndarray]:
         return {
@@ -411,7 +425,12 @@ class VLLMReplica:
         if not rows:
             if preempted and running:  # an empty step: decide again, with fewer running
                 return self._schedule(carried + preempted + chosen)
+            # nothing runs now (the lone request made room for itself while blocks are held
+            # for KV on its way): its preemption is recorded with the next step
+            self.unrecorded_preemptions += carried + preempted + chosen
             return None
+        preempted += self.unrecorded_preemptions
+        self.unrecorded_preemptions = 0
         return self._timed(rows, new, preempted + chosen + carried, known)
 
     def _make_room(
@@ -438,10 +457,17 @@ class VLLMReplica:
         the budget left."""
         cfg, pool, state, policy, queue = self.cfg, self.pool, self.state, self.policy, self.queue
         running, now = self.running, self.now
-        while len(queue) and budget > 0 and len(running) < cfg.max_num_seqs:
+        # requests whose KV is on its way will run too (disaggregated pools)
+        cap = cfg.max_num_seqs - len(self.receiving) - len(self.received)
+        while len(queue) and budget > 0 and len(running) < cap:
             req = policy.pick(queue, now)
             if req is None:
                 break
+            if req in self.req.remote:
+                if not self._admit_remote(req):
+                    break
+                cap = cfg.max_num_seqs - len(self.receiving) - len(self.received)
+                continue
             total = self._prompt[req] + state.generated[req]  # a resumed request recomputes all
             keys = self.keys(req)
             hit = pool.cached_prefix(keys, total)
@@ -476,6 +502,64 @@ class VLLMReplica:
             if first:
                 state.admitted_at[req] = now
         return budget
+
+    # ---- disaggregated pools ------------------------------------------------------------
+    def _admit_remote(self, req: int) -> bool:
+        """Admit waiting `req`, whose prompt KV a prefill replica holds, as vLLM's decode side
+        does: blocks for its prompt (those this prefix cache holds are not moved), then the
+        transfer of the rest; it decodes once the KV has arrived. False: batch forming ends."""
+        pool, policy, queue, now = self.pool, self.policy, self.queue, self.now
+        prompt = self._prompt[req]
+        keys = self.keys(req)
+        hit = pool.cached_prefix(keys, prompt)
+        reserve = self.watermark_blocks if self.running else 0
+        fits = pool.fits(keys, hit, prompt, reserve)
+        verdict = policy.admit(req, now, fits)
+        if verdict is not ADMIT or not fits:
+            if settle(policy, queue, self.host, req, now, fits, verdict):
+                pool.untrack(req)
+                self.req.remote.discard(req)
+                return True
+            return False
+        pool.admit(req, keys, hit, prompt, reserve)
+        queue.remove(req)
+        self.req.remote.discard(req)
+        self.req.computed[req] = prompt
+        self.req.high_water[req] = max(self.req.high_water[req], prompt)
+        self.state.reason[req] = "kv_transfer"
+        self.state.replica[req] = self.index
+        self.receiving.add(req)
+        self.host.fetch_kv(self.index, req, prompt - hit * self.cfg.block_size, now)
+        return True
+
+    def kv_arrived(self, req: int) -> None:
+        """The transfer of `req`'s KV ended: its prompt blocks enter this prefix cache and it
+        joins the running batch at the next step."""
+        self.receiving.discard(req)
+        self.pool.register(req, self.keys(req), self._prompt[req])
+        self.received.append(req)
+
+    def _join_received(self) -> None:
+        for r in self.received:
+            self.running.append(r)
+            self.stalled.add(r)  # its next token opens a token run on this replica
+            self.state.reason[r] = "running"
+        self.received.clear()
+
+    def _hand_off(self, rows: list[int]) -> None:
+        """Prefill replica: these requests sampled their first token; they leave the running
+        batch for a decode replica, their blocks held until the transfer ends."""
+        for r in rows:
+            self.running.remove(r)
+            self.host.tokens.close(r, self.state.generated[r])
+            self.parked.add(r)
+        self.host.prefilled(self.index, rows, self.now)
+
+    def release_parked(self, req: int) -> None:
+        """`req`'s KV has reached its decode replica: free its blocks here (full prompt blocks
+        stay cached)."""
+        self.parked.discard(req)
+        self.pool.release(req)
 
     def _leave(self, req: int, position: int) -> None:
         """`req`, at `position` of the running list, leaves it (finished, preempted or
@@ -613,6 +697,7 @@ class VLLMReplica:
         end, tick = plan.end, len(self.steps)
         emitted: list[int] = []
         finished: list[int] = []
+        handed: list[int] = []
         stalled = self.stalled
         for r, n in zip(plan.rows, plan.new, strict=True):
             c = computed[r] + n
@@ -637,6 +722,8 @@ class VLLMReplica:
             gen[r] = g
             if g == out[r]:
                 finished.append(r)
+            elif self.hands_off and g == 1:
+                handed.append(r)
         if len(plan.rows) < len(self.running):  # budget or a preemption stopped the loop:
             scheduled = set(plan.rows)  # decoders left out produce no token this step
             for r in self.running:
@@ -657,6 +744,8 @@ class VLLMReplica:
         )
         self.now = end
         self._finish(finished)
+        if handed:
+            self._hand_off(handed)
 
     def _record(
         self,

@@ -98,11 +98,16 @@ def per_replica(
     (prompt + output of its completed requests over its last finish), TTFT mean and p99,
     preemptions (0 for an engine that never preempts), KV utilisation. `emitted`: output
     tokens per request_id; `totals`: `step_totals` of the steps. Requests never admitted under
-    a shared queue have replica -1 and are left out."""
+    a shared queue have replica -1 and are left out. Disaggregated pools: a prefill replica's
+    requests are those it prefilled (their tokens count on their decode replica)."""
     out = []
     emitted_on = requests.set_index("request_id").replica.reindex(emitted.index).to_numpy()
+    prefilled = requests.get("prefill_replica")
     for rep in sorted(totals):
-        r = requests[requests.replica == rep]
+        mine = requests.replica == rep
+        if prefilled is not None:
+            mine |= prefilled == rep
+        r = requests[mine]
         done = r[r.status == "completed"]
         ttft = (done.first_token_at - done.arrival).to_numpy()
         out.append(
@@ -120,3 +125,27 @@ def per_replica(
             }
         )
     return out
+
+
+def disaggregation(requests: pd.DataFrame) -> dict[str, Any]:
+    """Disaggregated pools: requests whose prompt the prefill pool computed, KV transfers, the
+    bytes moved, how long a handed-off request waited for its decode replica to admit it
+    (handoff to transfer start) and how long transfers took (seconds, mean and p99)."""
+    crossed = requests.prefill_replica.to_numpy() >= 0
+    start = requests.kv_transfer_start.to_numpy()
+    moved = np.isfinite(start)
+    took = (requests.kv_transfer_end.to_numpy() - start)[moved]
+    waited = (start - requests.first_token_at.to_numpy())[moved]
+
+    def stats(x: np.ndarray) -> dict[str, float]:
+        if not x.size:
+            return {"mean": float("nan"), "p99": float("nan")}
+        return {"mean": float(x.mean()), "p99": float(np.percentile(x, 99))}
+
+    return {
+        "disaggregated_requests": int(crossed.sum()),
+        "kv_transfers": int(moved.sum()),
+        "kv_bytes_moved": int(requests.kv_transfer_bytes.to_numpy()[moved].sum()),
+        "decode_admission_wait": stats(waited),
+        "kv_transfer_time": stats(took),
+    }

@@ -87,6 +87,16 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"of admitted prompt tokens, {vllm['recompute_avoided_tokens']} tokens of recompute "
             "avoided by hits after preemptions",
         )
+    pd_block = summary.get("disaggregation")
+    if pd_block is not None:
+        wait, took = pd_block["decode_admission_wait"], pd_block["kv_transfer_time"]
+        lines.append(
+            f"prefill/decode pools: {pd_block['disaggregated_requests']} prompts computed on the "
+            f"prefill pool, {pd_block['kv_transfers']} KV transfers, "
+            f"{_fmt(pd_block['kv_bytes_moved'] / 1e9, 2)} GB moved; wait for a decode slot "
+            f"mean {_fmt(wait['mean'], 4)} s, transfer mean {_fmt(took['mean'], 4)} s "
+            f"(p99 {_fmt(took['p99'], 4)} s)"
+        )
     replicas = summary.get("replicas") or []
     if len(replicas) > 1:
         lines.append(format_replicas(replicas))

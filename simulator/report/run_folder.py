@@ -120,6 +120,8 @@ def summarize(
         }
     if "preemptions" in requests:  # engine=vllm
         extra["vllm"] = replicas.engine_counts(requests)
+    if "prefill_replica" in requests:  # disaggregated pools
+        extra["disaggregation"] = replicas.disaggregation(requests)
     if "replica" in requests:  # simulated (a measured run sees no replicas)
         extra["replicas"] = replicas.per_replica(requests, facts.emitted, totals)
     reasons = (

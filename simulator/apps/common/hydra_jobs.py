@@ -249,6 +249,8 @@ def unknown_key_message(prog: str, key: str) -> str | None:
     if not isinstance(block, DictConfig):
         return None
     settings = sorted(str(k) for k in block if k not in ("_target_", "hydra"))
+    if isinstance(block.get(leaf), DictConfig):  # a mapping of settings, empty by default
+        return f"{key}: a mapping; add its entries one at a time with +, e.g. +{key}.NAME=VALUE"
     close = difflib.get_close_matches(leaf, settings, n=1)
     hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
     owners = sorted(
