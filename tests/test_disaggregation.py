@@ -149,6 +149,7 @@ def check_pools(tl, prefill_cfg, decode_cfg, prefill):
             "running",
             "preempted",
             "kv_transfer",
+            "kv_load",
         }
 
 
@@ -163,14 +164,22 @@ def check_pools(tl, prefill_cfg, decode_cfg, prefill):
     pools=st.sampled_from([(800, 800), (4000, 1200), (50_000, 50_000)]),
     horizon=st.sampled_from([None, 2.0]),
     make_policy=st.sampled_from([FCFS, VTC, LCF]),
+    cpu_tier=st.sampled_from(["none", "recompute", "swap"]),
 )
 def test_every_request_and_block_is_accounted_for_across_the_pools(
-    seed, prefill, decode, decider, shared_link, counters, pools, horizon, make_policy
+    seed, prefill, decode, decider, shared_link, counters, pools, horizon, make_policy, cpu_tier
 ):
     if counters == "shared" and make_policy is FCFS:
         counters = "per_pool"
     tr = random_trace(seed=seed, n=80, clients=3, max_prompt=300, max_output=60, rate=30.0)
-    base = VLLMConfig(max_num_batched_tokens=256, max_num_seqs=8, horizon=horizon)
+    tier = {} if cpu_tier == "none" else {"cpu_kv_tokens": 640, "preemption_mode": cpu_tier}
+    base = VLLMConfig(
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        horizon=horizon,
+        kv_bytes_per_token=128 * 1024,
+        **tier,
+    )
     prefill_cfg = VLLMConfig(**{**vars(base), "pool_tokens": pools[0]})
     decode_cfg = VLLMConfig(**{**vars(base), "pool_tokens": pools[1]})
     cluster = pd(

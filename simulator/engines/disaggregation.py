@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from simulator.core.errors import ConfigError
+from simulator.engines.kv_blocks import kv_token_bytes
 
 DECIDERS = ("always", "never", "prompt_above", "cache_miss_above")
 COUNTERS = ("per_pool", "shared")
@@ -78,17 +79,9 @@ class DisaggregationConfig:
 
     def transfer_bytes_per_token(self, cost: object) -> int:
         """KV bytes one token moves: the configured figure, else the cost model's model."""
-        if self.kv_bytes_per_token is not None:
-            return int(self.kv_bytes_per_token)
-        spec = getattr(cost, "model_spec", None)
-        if spec is None:
-            raise ConfigError(
-                "cluster.disaggregation.kv_bytes_per_token is null and the cost model "
-                f"({type(cost).__name__}) does not know its model's KV size; set it (bytes per "
-                "token, all layers: 2 x layers x kv_heads x head_dim x dtype bytes) or use "
-                "cost_model=roofline / fitted"
-            )
-        return int(spec.kv_bytes_per_token)
+        return kv_token_bytes(
+            self.kv_bytes_per_token, cost, "cluster.disaggregation.kv_bytes_per_token"
+        )
 
     def disaggregates(self, prompt: int, cached: int) -> bool:
         """Whether a request of `prompt` tokens, `cached` of them in its decode replica's

@@ -10,6 +10,10 @@ counts once.
 
 `free` is the number of blocks an allocation may take: empty ones plus unreferenced cached ones.
 The pool never hands out more than it has; `check` verifies the counts.
+
+With a CPU tier (`CPUTier`), a cached block evicted from the GPU is stored in CPU memory
+(least recently stored dropped first when it is full), where a later request may find it and
+load it back instead of recomputing; a preempted request's KV may be swapped there whole.
 """
 
 from __future__ import annotations
@@ -18,6 +22,23 @@ from collections import OrderedDict
 from itertools import accumulate
 
 import numpy as np
+
+from simulator.core.errors import ConfigError
+
+
+def kv_token_bytes(configured: int | None, cost: object, key: str) -> int:
+    """KV bytes of one token, all layers: `configured` (the setting named `key`), else the
+    cost model's model (2 x layers x KV heads x head size x dtype bytes)."""
+    if configured is not None:
+        return int(configured)
+    spec = getattr(cost, "model_spec", None)
+    if spec is None:
+        raise ConfigError(
+            f"{key} is null and the cost model ({type(cost).__name__}) does not know its "
+            "model's KV size; set it (bytes per token: 2 x layers x kv_heads x head_dim x dtype "
+            "bytes) or use cost_model=roofline / fitted"
+        )
+    return int(spec.kv_bytes_per_token)
 
 
 def block_keys(hashes: np.ndarray, hash_block: int, block_size: int, tokens: int) -> list[int]:
@@ -37,14 +58,76 @@ def block_keys(hashes: np.ndarray, hash_block: int, block_size: int, tokens: int
     return keys
 
 
+class CPUTier:
+    """KV blocks in CPU memory: prefix blocks evicted from the GPU, by key, least recently
+    stored or used first out; and whole requests swapped out on preemption, which stay until
+    they are swapped back in (or leave) and are never dropped for a prefix block."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.keys: OrderedDict[int, None] = OrderedDict()  # prefix blocks, oldest first
+        self.swapped: dict[int, int] = {}  # request -> blocks it holds here
+        self.swap_used = 0
+        self.stored = 0  # prefix blocks stored (offloaded) over the run
+
+    def store(self, key: int) -> None:
+        """A cached block left the GPU: keep its KV here if there is room for prefix blocks."""
+        if key in self.keys:
+            self.keys.move_to_end(key)
+            return
+        if self.swap_used >= self.num_blocks:
+            return
+        if len(self.keys) + self.swap_used >= self.num_blocks:
+            self.keys.popitem(last=False)
+        self.keys[key] = None
+        self.stored += 1
+
+    def run(self, keys: list[int]) -> int:
+        """How many of `keys`, from the first, are here (they become the most recently used)."""
+        n = 0
+        for key in keys:
+            if key not in self.keys:
+                break
+            self.keys.move_to_end(key)
+            n += 1
+        return n
+
+    def swap_out(self, req: int, blocks: int) -> bool:
+        """Hold `req`'s `blocks` blocks, dropping prefix blocks for room; False if they cannot
+        fit beside the requests already swapped out."""
+        if self.swap_used + blocks > self.num_blocks:
+            return False
+        while self.keys and len(self.keys) + self.swap_used + blocks > self.num_blocks:
+            self.keys.popitem(last=False)
+        self.swapped[req] = blocks
+        self.swap_used += blocks
+        return True
+
+    def release_swap(self, req: int) -> None:
+        """`req`'s swapped KV is no longer needed (swapped back in, or the request left)."""
+        self.swap_used -= self.swapped.pop(req, 0)
+
+    def check(self) -> None:
+        if self.swap_used != sum(self.swapped.values()) or (
+            len(self.keys) + self.swap_used > self.num_blocks
+        ):
+            raise RuntimeError(
+                f"CPU KV tier out of balance: {len(self.keys)} prefix + {self.swap_used} swapped "
+                f"blocks in {self.num_blocks} (please report it)"
+            )
+
+
 class BlockPool:
     """One replica's paged KV memory: `num_blocks` blocks of `block_size` tokens, each either
     private to a running request, cached (a full prompt block others may share, evicted LRU
     when free blocks run out) or empty; with `caching` off, blocks are never kept for reuse.
     `check()` proves the three kinds add up to the pool."""
 
-    def __init__(self, num_blocks: int, block_size: int, caching: bool) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, caching: bool, cpu: CPUTier | None = None
+    ) -> None:
         self.num_blocks, self.block_size, self.caching = num_blocks, block_size, caching
+        self.cpu = cpu  # evicted prefix blocks go there
         self.empty = num_blocks  # blocks holding nothing
         self.held: dict[int, int] = {}  # request -> blocks it holds (shared cached ones included)
         self.refs: dict[int, int] = {}  # cached key -> running requests holding it
@@ -82,6 +165,14 @@ class BlockPool:
                 break
             n += 1
         return n
+
+    def cpu_prefix(self, keys: list[int], gpu_blocks: int, num_tokens: int) -> int:
+        """Blocks of `keys` after the first `gpu_blocks` (the GPU's hit) that the CPU tier holds,
+        under the same cap as `cached_prefix`."""
+        if self.cpu is None or not self.caching:
+            return 0
+        cap = (num_tokens - 1) // self.block_size
+        return self.cpu.run(keys[gpu_blocks:cap])
 
     def tracked_prefix(self, req: int, keys: list[int], num_tokens: int) -> int:
         """`cached_prefix` of a waiting request, tracked from now on until it is admitted (or
@@ -221,6 +312,8 @@ class BlockPool:
         for _ in range(n - from_empty):  # evict the least recently freed cached blocks
             key, _ = self.lru.popitem(last=False)
             del self.refs[key]
+            if self.cpu is not None:
+                self.cpu.store(key)
             if key in self._trackers:
                 self._key_left(self._trackers[key])
 
@@ -250,6 +343,8 @@ class BlockPool:
                 self.lru[key] = None
 
     def check(self) -> None:
+        if self.cpu is not None:
+            self.cpu.check()
         held_private = sum(self.held.values()) - sum(len(k) for k in self.owned.values())
         cached = len(self.refs)
         if self.empty < 0 or held_private + cached + self.empty != self.num_blocks:

@@ -339,7 +339,8 @@ class Runner:
                 continue
             if burst == DONE:
                 return
-            nxt = self._next_arrival(rep)  # idle: sleep until the next arrival
+            # idle: sleep until the next arrival, or its own next event (a KV load ending)
+            nxt = min(self._next_arrival(rep), rep.next_event())
             if nxt == np.inf or (self.horizon is not None and nxt > self.horizon):
                 return
             if nxt >= self.frontier:
@@ -379,7 +380,12 @@ class Runner:
             plan = rep.schedule(self._frontier_of(rep))
             if plan is None:
                 wake = self._wake[rep.index] = env.event()
-                rep.now = yield wake  # the time of the arrival (or preemption) that woke it
+                own = rep.next_event()  # a KV load of its own ending
+                if own == np.inf:
+                    rep.now = yield wake  # the time of the arrival (or preemption) that woke it
+                else:
+                    yield env.any_of([wake, env.timeout(max(0.0, own - env.now))])
+                    rep.now = wake.value if wake.triggered else own  # type: ignore[assignment]
                 self._wake[rep.index] = None
                 continue
             # simulated time reaches plan.end only once the frontier has passed it

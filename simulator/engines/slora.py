@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -169,6 +170,9 @@ class SLoRAReplica:
     # ---- what the runner asks ------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self.running.shape[0] or len(self.queue))
+
+    def next_event(self) -> float:
+        return math.inf  # nothing of its own happens while it idles
 
     def kv_used(self) -> int:
         return self.kv

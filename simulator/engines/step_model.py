@@ -194,6 +194,11 @@ class StepModel(Protocol):
         """Anything running or waiting."""
         ...
 
+    def next_event(self) -> float:
+        """When the replica next has something of its own to do while nothing arrives (a load
+        of KV from its CPU tier ending); inf: nothing. An idle replica wakes then."""
+        ...
+
     def schedule(self, frontier: float) -> Plan | None:
         """Decide the next step (or run) at `now`; None: nothing to do. A run's steps end before
         `frontier`, except a single step (which the runner holds until the frontier passes)."""

@@ -25,6 +25,8 @@ this replica's steps (a preemption, or a step that leaves a decoding request out
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,9 +43,10 @@ from simulator.core.seam import (
     Rescheduler,
 )
 from simulator.core.timeline import DECODE, MIXED, PREFILL, StepRecorder
+from simulator.engines.disaggregation import KVLink
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.jitter import step_jitter
-from simulator.engines.kv_blocks import BlockPool, block_keys
+from simulator.engines.kv_blocks import BlockPool, CPUTier, block_keys, kv_token_bytes
 from simulator.engines.step_model import (
     EngineKnobs,
     Host,
@@ -81,6 +84,10 @@ class VLLMConfig(EngineKnobs):
     max_model_len: int | None = None  # prompt + output tokens a request may have (vLLM: 400)
     num_gpu_blocks: int | None = None  # KV blocks per replica (vLLM's num_gpu_blocks_override)
     gpu_memory_utilization: float | None = None  # share of GPU memory vLLM may use
+    cpu_kv_tokens: int = 0  # a CPU tier for KV blocks, in tokens (0: none)
+    cpu_kv_gbps: float = 25.0  # CPU <-> GPU bandwidth (PCIe), GB/s
+    preemption_mode: str = "recompute"  # or swap: to the CPU tier where it fits
+    kv_bytes_per_token: int | None = None  # null: the cost model's model
 
     name = "vllm"
     offered_hooks = (ReplicaAware, Rescheduler)
@@ -107,7 +114,31 @@ class VLLMConfig(EngineKnobs):
         u = self.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1], got {u!r}")
+        self._check_cpu_tier()
         super().__post_init__()
+
+    def _check_cpu_tier(self) -> None:
+        c = self.cpu_kv_tokens
+        if isinstance(c, bool) or int(c) != c or c < 0:
+            raise ConfigError(f"engine.cpu_kv_tokens must be an integer >= 0, got {c!r}")
+        bw = self.cpu_kv_gbps
+        if isinstance(bw, bool) or not (math.isfinite(bw) and bw > 0):
+            raise ConfigError(f"engine.cpu_kv_gbps must be a number > 0, got {bw!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ConfigError(
+                f"engine.preemption_mode must be recompute or swap, got {self.preemption_mode!r}"
+            )
+        if self.preemption_mode == "swap" and not c:
+            raise ConfigError("engine.preemption_mode=swap needs a CPU tier: engine.cpu_kv_tokens")
+        b = self.kv_bytes_per_token
+        if b is not None and (isinstance(b, bool) or int(b) != b or b < 1):
+            raise ConfigError(
+                f"engine.kv_bytes_per_token must be null or an integer >= 1, got {b!r}"
+            )
+
+    def bytes_per_token(self, cost: StepCostModel) -> int:
+        """KV bytes of one token (all layers): the configured figure, else the cost model's."""
+        return kv_token_bytes(self.kv_bytes_per_token, cost, "engine.kv_bytes_per_token")
 
     def num_blocks(self, cost: StepCostModel) -> int:
         if self.pool_tokens is not None:
@@ -175,6 +206,9 @@ class VLLMRequests:
         # tokens served from the cache when re-admitted after a preemption: recompute avoided
         self.recompute_avoided = [0] * n
         self.preemptions = [0] * n
+        self.cpu_cached_tokens = [0] * n  # prompt tokens loaded from the CPU tier, first time
+        self.swapped: dict[int, int] = {}  # waiting request -> tokens of KV swapped to the CPU
+        self.swap_ins = [0] * n
         # disaggregated pools: waiting requests whose prompt KV is held on a prefill replica
         self.remote: set[int] = set()
 
@@ -220,7 +254,14 @@ class VLLMReplica:
         self.policy, self.queue = policy, queue
         self.cost, self.cfg, self.fast_forward = cost, cfg, fast_forward
         self.trace, self.state, self.feed = host.trace, host.state, host.feed(index)
-        self.pool = BlockPool(cfg.num_blocks(cost), cfg.block_size, cfg.enable_prefix_caching)
+        cpu = CPUTier(cfg.cpu_kv_tokens // cfg.block_size) if cfg.cpu_kv_tokens else None
+        self.pool = BlockPool(cfg.num_blocks(cost), cfg.block_size, cfg.enable_prefix_caching, cpu)
+        # the CPU tier's link: loads (and swaps) move one at a time, in the order asked
+        self.pcie = KVLink(cfg.cpu_kv_gbps, 0.0, shared=True)
+        self.kv_bytes = cfg.bytes_per_token(cost) if cpu is not None else 0
+        self.loading: list[tuple[float, int]] = []  # (when its KV is in, request): a heap
+        self.bytes_loaded = self.bytes_swapped_out = 0
+        self.swap_seconds = 0.0  # swap-out copies the next step waits for
         self.pool_tokens = self.pool.num_blocks * cfg.block_size
         self.watermark_blocks = int(cfg.watermark * self.pool.num_blocks)
         self._prompt, self._output = self.state.prompt, self.state.output
@@ -254,12 +295,19 @@ class VLLMReplica:
     def has_work(self) -> bool:
         return bool(self.running or len(self.queue) or self.received)
 
+    def next_event(self) -> float:
+        """When this replica next has something of its own to do with nothing arriving: the
+        next load from its CPU tier ending (inf: none under way)."""
+        return self.loading[0][0] if self.loading else math.inf
+
     def kv_used(self) -> int:
         return self.pool.used * self.cfg.block_size
 
     def schedule(self, frontier: float) -> Plan | None:
         if self._aborting:
             self._drop_aborted()
+        while self.loading and self.loading[0][0] <= self.now:
+            self._loaded(heapq.heappop(self.loading)[1])
         if self.received:
             self._join_received()
         if self.fast_forward and self._can_run():
@@ -285,6 +333,8 @@ class VLLMReplica:
             self.state.reason[r] = "running"
         for r in [*self.receiving, *self.received]:
             self.state.reason[r] = "kv_transfer"
+        for _, r in self.loading:
+            self.state.reason[r] = "kv_load"
 
     def abort(self, req: int) -> None:
         self._aborting.append(req)
@@ -325,15 +375,30 @@ class VLLMReplica:
         return steps["end"]
 
     def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self.pool.cpu is not None:
+            block = self.cfg.block_size * self.kv_bytes
+            out["cpu_kv_bytes_offloaded"] = self.pool.cpu.stored * block
+            out["cpu_kv_bytes_loaded"] = self.bytes_loaded
+            out["cpu_kv_bytes_swapped_out"] = self.bytes_swapped_out
         # preemptions no step recorded: made with nothing left to run, the horizon came first
-        n = self.unrecorded_preemptions
-        return {"preemptions_not_in_steps": n} if n else {}
+        if self.unrecorded_preemptions:
+            out["preemptions_not_in_steps"] = self.unrecorded_preemptions
+        return out
 
     def request_columns(self) -> dict[str, np.ndarray]:
         return {
             "preemptions": np.asarray(self.req.preemptions, dtype=np.int64),
             "cached_tokens": np.asarray(self.req.cached_tokens, dtype=np.int64),
             "recompute_avoided_tokens": np.asarray(self.req.recompute_avoided, dtype=np.int64),
+            **(
+                {
+                    "cpu_cached_tokens": np.asarray(self.req.cpu_cached_tokens, dtype=np.int64),
+                    "swap_ins": np.asarray(self.req.swap_ins, dtype=np.int64),
+                }
+                if self.cfg.cpu_kv_tokens
+                else {}
+            ),
         }
 
     @property
@@ -457,8 +522,8 @@ class VLLMReplica:
         the budget left."""
         cfg, pool, state, policy, queue = self.cfg, self.pool, self.state, self.policy, self.queue
         running, now = self.running, self.now
-        # requests whose KV is on its way will run too (disaggregated pools)
-        cap = cfg.max_num_seqs - len(self.receiving) - len(self.received)
+        # requests whose KV is on its way will run too
+        cap = cfg.max_num_seqs - self._in_transit()
         while len(queue) and budget > 0 and len(running) < cap:
             req = policy.pick(queue, now)
             if req is None:
@@ -466,11 +531,19 @@ class VLLMReplica:
             if req in self.req.remote:
                 if not self._admit_remote(req):
                     break
-                cap = cfg.max_num_seqs - len(self.receiving) - len(self.received)
+                cap = cfg.max_num_seqs - self._in_transit()
                 continue
             total = self._prompt[req] + state.generated[req]  # a resumed request recomputes all
             keys = self.keys(req)
-            hit = pool.cached_prefix(keys, total)
+            swapped = self.req.swapped.get(req)
+            hit = 0 if swapped is not None else pool.cached_prefix(keys, total)
+            from_cpu = 0 if swapped is not None else pool.cpu_prefix(keys, hit, total)
+            if swapped is not None or from_cpu:  # KV comes back from the CPU tier first
+                tokens = swapped if swapped is not None else (hit + from_cpu) * cfg.block_size
+                if not self._admit_loaded(req, keys, hit, tokens):
+                    break
+                cap = cfg.max_num_seqs - self._in_transit()
+                continue
             start = hit * cfg.block_size
             if not cfg.enable_chunked_prefill and total - start > budget:
                 break  # the whole prompt in one step, or not yet
@@ -503,27 +576,87 @@ class VLLMReplica:
                 state.admitted_at[req] = now
         return budget
 
+    # ---- KV that arrives: from a CPU tier, or (disaggregated pools) a prefill replica -------
+    def _in_transit(self) -> int:
+        """Admitted requests not running yet: their KV is on its way."""
+        return len(self.receiving) + len(self.received) + len(self.loading)
+
+    def _admit_loaded(self, req: int, keys: list[int], hit: int, tokens: int) -> bool:
+        """Admit `req` with blocks for its first `tokens` tokens, the first `hit` blocks GPU
+        cache hits and the rest loaded from the CPU tier (prefix blocks it holds, or the
+        request's own KV swapped out at a preemption); it runs once they are in. False: batch
+        forming ends."""
+        claimed = self._claim(req, keys, hit, tokens)
+        if claimed is not True:
+            return claimed is None  # dropped: pick again
+        pool, now, size = self.pool, self.now, self.block_size
+        state, r = self.state, self.req
+        r.computed[req] = tokens
+        if req in r.swapped:
+            del r.swapped[req]
+            assert pool.cpu is not None
+            pool.cpu.release_swap(req)
+            r.swap_ins[req] += 1
+            r.recompute_avoided[req] += tokens
+        elif state.admitted_at[req] != state.admitted_at[req]:  # NaN: its first admission
+            r.cached_tokens[req] = hit * size
+            r.cpu_cached_tokens[req] = tokens - hit * size
+        else:
+            r.recompute_avoided[req] += tokens
+        r.high_water[req] = max(r.high_water[req], tokens)
+        if state.admitted_at[req] != state.admitted_at[req]:
+            state.admitted_at[req] = now
+        state.reason[req] = "kv_load"
+        state.replica[req] = self.index
+        moved = (tokens - hit * size) * self.kv_bytes
+        self.bytes_loaded += moved
+        heapq.heappush(self.loading, (self.pcie.transfer(moved, now), req))
+        return True
+
+    def _claim(self, req: int, keys: list[int], hit: int, tokens: int) -> bool | None:
+        """Ask the policy to admit waiting `req` with blocks for its first `tokens` tokens (the
+        first `hit` blocks cache hits) and take them from the pool: True if admitted (it has
+        left the queue), None if the policy dropped it (pick again), False if batch forming
+        ends."""
+        pool, policy, queue, now = self.pool, self.policy, self.queue, self.now
+        reserve = self.watermark_blocks if self.running else 0
+        fits = pool.fits(keys, hit, tokens, reserve)
+        verdict = policy.admit(req, now, fits)
+        if verdict is ADMIT and fits:
+            pool.admit(req, keys, hit, tokens, reserve)
+            queue.remove(req)
+            self.req.remote.discard(req)
+            return True
+        if settle(policy, queue, self.host, req, now, fits, verdict):
+            pool.untrack(req)
+            self.req.remote.discard(req)
+            self._forget_swap(req)
+            return None
+        return False
+
+    def _loaded(self, req: int) -> None:
+        """A load from the CPU tier ended: the prompt blocks it brought enter the GPU cache."""
+        self.pool.register(req, self.keys(req), self.req.computed[req])
+        self.received.append(req)
+
+    def _forget_swap(self, req: int) -> None:
+        """A waiting request left: the KV it had swapped out is no longer needed."""
+        if self.req.swapped.pop(req, None) is not None:
+            assert self.pool.cpu is not None
+            self.pool.cpu.release_swap(req)
+
     # ---- disaggregated pools ------------------------------------------------------------
     def _admit_remote(self, req: int) -> bool:
         """Admit waiting `req`, whose prompt KV a prefill replica holds, as vLLM's decode side
         does: blocks for its prompt (those this prefix cache holds are not moved), then the
         transfer of the rest; it decodes once the KV has arrived. False: batch forming ends."""
-        pool, policy, queue, now = self.pool, self.policy, self.queue, self.now
         prompt = self._prompt[req]
         keys = self.keys(req)
-        hit = pool.cached_prefix(keys, prompt)
-        reserve = self.watermark_blocks if self.running else 0
-        fits = pool.fits(keys, hit, prompt, reserve)
-        verdict = policy.admit(req, now, fits)
-        if verdict is not ADMIT or not fits:
-            if settle(policy, queue, self.host, req, now, fits, verdict):
-                pool.untrack(req)
-                self.req.remote.discard(req)
-                return True
-            return False
-        pool.admit(req, keys, hit, prompt, reserve)
-        queue.remove(req)
-        self.req.remote.discard(req)
+        hit = self.pool.cached_prefix(keys, prompt)
+        claimed = self._claim(req, keys, hit, prompt)
+        if claimed is not True:
+            return claimed is None  # dropped: pick again
+        now = self.now
         self.req.computed[req] = prompt
         self.req.high_water[req] = max(self.req.high_water[req], prompt)
         self.state.reason[req] = "kv_transfer"
@@ -540,9 +673,15 @@ class VLLMReplica:
         self.received.append(req)
 
     def _join_received(self) -> None:
+        """Requests whose KV has arrived join the running batch: to decode (their next token
+        opens a token run here), or to go on computing their prompt."""
+        computed, gen = self.req.computed, self.state.generated
         for r in self.received:
             self.running.append(r)
-            self.stalled.add(r)  # its next token opens a token run on this replica
+            if gen[r] and computed[r] >= self._prompt[r] + gen[r] - 1:
+                self.stalled.add(r)
+            else:
+                self.prefilling.add(r)
             self.state.reason[r] = "running"
         self.received.clear()
 
@@ -574,6 +713,13 @@ class VLLMReplica:
     def _preempt(self, req: int, position: int) -> None:
         r = self.req
         r.high_water[req] = max(r.high_water[req], r.computed[req])
+        tokens, cpu = r.computed[req], self.pool.cpu
+        swap = self.cfg.preemption_mode == "swap" and tokens > 0
+        if swap and cpu is not None and cpu.swap_out(req, self.pool.blocks_for(tokens)):
+            r.swapped[req] = tokens  # (no room there: recompute)
+            self.bytes_swapped_out += tokens * self.kv_bytes
+            # the copy out happens before the next step runs (vLLM's swap_out)
+            self.swap_seconds += tokens * self.kv_bytes / self.pcie.bytes_per_second
         self._leave(req, position)
         r.computed[req] = 0
         r.preemptions[req] += 1
@@ -610,6 +756,9 @@ class VLLMReplica:
             dt = self.cost.decode_time(decodes, context)
         if self.jitter is not None:
             dt *= self.jitter.factor(len(self.steps))
+        if self.swap_seconds:
+            dt += self.swap_seconds
+            self.swap_seconds = 0.0
         return StepPlan(now, [now + dt], now + dt, rows, new, kind, preempted)
 
     # ---- fast-forward ---------------------------------------------------------------------
@@ -639,6 +788,7 @@ class VLLMReplica:
         if not k:
             return None
         nxt = np.inf if n >= cfg.max_num_seqs else self.feed.next_time()  # admissible arrival
+        nxt = min(nxt, self.next_event())  # a load from the CPU tier joins at the next step
         horizon = np.inf if cfg.horizon is None else cfg.horizon
         ends = self._decode_ends(n, n + sum(tokens), k, min(nxt, horizon, frontier))
         k = run_length(ends, next_arrival=nxt, horizon=cfg.horizon, frontier=frontier)

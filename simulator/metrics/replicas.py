@@ -30,13 +30,19 @@ def engine_counts(requests: pd.DataFrame) -> dict[str, Any]:
 def _counts(g: pd.DataFrame) -> dict[str, float | int]:
     prompt = int(g.prompt_len.sum())
     cached = int(g.cached_tokens.sum())
-    return {
+    out: dict[str, float | int] = {
         "preemptions": int(g.preemptions.sum()),
         "preempted_requests": int((g.preemptions > 0).sum()),
         "cached_prompt_tokens": cached,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "recompute_avoided_tokens": int(g.recompute_avoided_tokens.sum()),
     }
+    if "cpu_cached_tokens" in g:  # a CPU tier: hits there, and swaps back in
+        cpu = int(g.cpu_cached_tokens.sum())
+        out["cpu_cached_prompt_tokens"] = cpu
+        out["cpu_hit_rate"] = cpu / prompt if prompt else 0.0
+        out["swap_ins"] = int(g.swap_ins.sum())
+    return out
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,15 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"of admitted prompt tokens, {vllm['recompute_avoided_tokens']} tokens of recompute "
             "avoided by hits after preemptions",
         )
+        moved = vllm.get("cpu_tier")
+        if moved is not None:
+            gb = {k: _fmt(v / 1e9, 2) for k, v in moved.items()}
+            lines.append(
+                f"CPU KV tier: hit rate {_fmt(100 * vllm['cpu_hit_rate'], 1)}% of admitted prompt "
+                f"tokens, {vllm['swap_ins']} swap-ins; GB offloaded "
+                f"{gb['cpu_kv_bytes_offloaded']}, loaded {gb['cpu_kv_bytes_loaded']}, swapped "
+                f"out {gb['cpu_kv_bytes_swapped_out']}"
+            )
     pd_block = summary.get("disaggregation")
     if pd_block is not None:
         wait, took = pd_block["decode_admission_wait"], pd_block["kv_transfer_time"]

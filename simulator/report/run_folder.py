@@ -120,6 +120,9 @@ def summarize(
         }
     if "preemptions" in requests:  # engine=vllm
         extra["vllm"] = replicas.engine_counts(requests)
+        moved = {k: v for k, v in timeline.info.items() if k.startswith("cpu_kv_bytes_")}
+        if moved:  # a CPU tier
+            extra["vllm"]["cpu_tier"] = moved
     if "prefill_replica" in requests:  # disaggregated pools
         extra["disaggregation"] = replicas.disaggregation(requests)
     if "replica" in requests:  # simulated (a measured run sees no replicas)
