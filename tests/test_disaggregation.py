@@ -14,6 +14,7 @@ from cost_models import ConstantStepCost
 from policies import FCFS, LCF, VTC
 from simulator.core.errors import ConfigError
 from simulator.core.requests import COMPLETED, IN_FLIGHT
+from simulator.core.seam import ADMIT, Drop
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
@@ -253,6 +254,36 @@ def test_per_pool_counters_log_each_replicas_charges():
         return f[f.cause.isin(["prompt", "decode"])].groupby("client").delta.sum().sort_index()
 
     assert served(logs).equals(served(shared.counters))
+
+
+class DropsAtDecode(VTC):
+    """VTC that drops every third request the second time it is admitted (by the decode
+    pool, one policy object shared by both pools): a decode replica's policy rejecting a
+    handed-off request."""
+
+    def bind(self, trace):
+        super().bind(trace)
+        self.admitted_once = set()
+
+    def admit(self, req, now, fits):
+        if req in self.admitted_once and req % 3 == 0:
+            return Drop("dropped_at_decode")
+        verdict = super().admit(req, now, fits)
+        if verdict is ADMIT:
+            self.admitted_once.add(req)
+        return verdict
+
+
+def test_a_request_the_decode_pool_drops_frees_its_kv_on_the_prefill_replica():
+    tr = random_trace(seed=4, n=60, clients=2, max_prompt=300, max_output=40, rate=20.0)
+    cfg = VLLMConfig(pool_tokens=4000, max_num_batched_tokens=256)
+    tl = simulate(
+        tr, DropsAtDecode(), a10g_cost(), cfg, pd(2, 1, counters="shared", kv_bytes_per_token=1)
+    )
+    dropped = tl.reason == "dropped_at_decode"
+    assert dropped.sum() >= 10 and (tl.generated[dropped] == 1).all(), "after the first token"
+    assert np.isnan(tl.request_columns["kv_transfer_start"][dropped]).all(), "nothing moved"
+    check_pools(tl, cfg, cfg, prefill=2)  # every block of both pools free at the end
 
 
 def test_bad_disaggregation_configs_get_one_line_naming_the_key():

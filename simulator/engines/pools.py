@@ -168,8 +168,7 @@ class DisaggregatedPools:
             # (a lift now would raise a backlogged client's counter without service)
             rejection = None if shared else rep.policy.on_arrival(r, now, rep.queue)
             if rejection is not None:
-                self._free_source(r, now)
-                runner.reject(r, now, rejection)
+                runner.reject(r, now, rejection)  # its blocks there are freed as it ends
                 continue
             rep.req.remote.add(r)
             runner.state.reason[r] = "queued"
@@ -210,9 +209,13 @@ class DisaggregatedPools:
         rep.release_parked(req)
         self.runner.queued(i, now)
 
-    def released(self, req: int) -> None:
-        """`req` ended: it no longer loads its replicas."""
+    def released(self, req: int, now: float) -> None:
+        """`req` ended: it no longer loads its replicas, and a prefill replica still holding
+        its KV (a decode replica's policy dropped it while it waited) frees it."""
         i, j = int(self.prefill_of[req]), int(self.decode_of[req])
+        source = self.runner.replicas[i] if i >= 0 else None
+        if isinstance(source, VLLMReplica) and req in source.parked:
+            self._free_source(req, now)
         if i >= 0 and self.prefill_dispatcher.tracks_load:
             self.prefill_dispatcher.released(req, i)
         if j >= 0 and self.decode_dispatcher.tracks_load:

@@ -242,7 +242,7 @@ class Runner:
         """`req` ended: it no longer loads its replica, and a chained successor is sent after
         its think time."""
         if self.pools is not None:
-            self.pools.released(req)
+            self.pools.released(req, now)
         elif self.dispatcher.tracks_load:
             self.dispatcher.released(req, int(self.state.replica[req]))
         nxt = self.successor.get(req)
