@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cluster import backlogged_pair, service_gap
+from test_runner import assert_same_timeline, pushed_in_chunks
 from test_vllm_engine import trace
 
 from conftest import a10g_cost, check_accounting, random_trace
@@ -284,6 +285,17 @@ def test_a_request_the_decode_pool_drops_frees_its_kv_on_the_prefill_replica():
     assert dropped.sum() >= 10 and (tl.generated[dropped] == 1).all(), "after the first token"
     assert np.isnan(tl.request_columns["kv_transfer_start"][dropped]).all(), "nothing moved"
     check_pools(tl, cfg, cfg, prefill=2)  # every block of both pools free at the end
+
+
+@pytest.mark.parametrize("counters", ["per_pool", "shared"])
+def test_arrivals_pushed_while_the_pools_run_give_the_offline_timeline(counters):
+    # live mode's way in: arrivals known only up to a frontier that moves in chunks
+    tr = random_trace(seed=9, n=120, clients=3, max_prompt=300, max_output=50, rate=25.0)
+    cfg = VLLMConfig(pool_tokens=3000, max_num_batched_tokens=256, max_num_seqs=8)
+    cluster = pd(2, 2, counters=counters, kv_bytes_per_token=128 * 1024, link_bandwidth_gbps=1.0)
+    offline = simulate(tr, VTC(), a10g_cost(), cfg, cluster)
+    online = pushed_in_chunks(tr, VTC, cfg, cluster, cuts=[0.7, 1.3, 2.05, 3.5])
+    assert_same_timeline(offline, online)
 
 
 def test_bad_disaggregation_configs_get_one_line_naming_the_key():
