@@ -1,10 +1,13 @@
 """Replicas behind dispatchers (simulator/engines/dispatch.py, simulator/engines/runner.py)."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_vllm_engine import check_invariants
+from test_vllm_engine import trace as hashed_trace
 
 from conftest import a10g_cost, check_accounting, random_trace
 from cost_models import ConstantStepCost
@@ -253,3 +256,102 @@ def test_static_slora_replicas_fast_forward_like_stepping(seed, dispatcher, pool
     for key in fast.steps:
         assert np.array_equal(fast.steps[key], slow.steps[key]), key
     assert fast.counters.equals(slow.counters)
+
+
+# ---- the scored dispatcher (an inference gateway's endpoint picker) ---------------------------
+
+
+def scored(**scorers):
+    return {"scorers": scorers}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "slora"])
+def test_scored_with_one_load_scorer_routes_as_the_load_aware_dispatchers_bit_for_bit(engine):
+    tr = random_trace(seed=11, n=150, clients=3, max_prompt=300, max_output=80, rate=30.0)
+    cfg = VLLMConfig(pool_tokens=3000) if engine == "vllm" else SLoRAConfig(pool_tokens=3000)
+    for load, same_as in (
+        ("running_requests", "least_requests"),
+        ("in_flight_tokens", "least_tokens"),
+    ):
+        ours = simulate(
+            tr, VTC(), a10g_cost(), cfg, ClusterConfig(3, "scored", routing=scored(**{load: 2.0}))
+        )
+        theirs = simulate(tr, VTC(), a10g_cost(), cfg, ClusterConfig(3, same_as))
+        assert ours.requests_frame().equals(theirs.requests_frame()), load
+        assert np.array_equal(ours.token_times()[2], theirs.token_times()[2])
+
+
+def test_stale_queue_depths_send_a_burst_to_one_replica_and_fresh_ones_spread_it():
+    # 12 long requests in the first 0.12 s; only the queue-depth scorer. Read at the instant of
+    # routing, each new request sees the queues grow and the ties go round. From snapshots every
+    # 10 s: the first request sees none yet (all equal: replica 0); the snapshot at 0, taken
+    # after that arrival, shows one waiting on replica 0, and every later request reads it and
+    # goes to replica 1, the lowest index of the empty ones
+    tr = trace(np.arange(12) * 0.01, [500] * 12, [200] * 12)
+    cfg = VLLMConfig(pool_tokens=2000, max_num_seqs=1)
+    fresh = simulate(
+        tr, FCFS(), CONST, cfg, ClusterConfig(3, "scored", routing=scored(queue_depth=1.0))
+    )
+    stale = simulate(
+        tr,
+        FCFS(),
+        CONST,
+        cfg,
+        ClusterConfig(3, "scored", routing={**scored(queue_depth=1.0), "scrape_interval": 10.0}),
+    )
+    assert sorted(np.bincount(fresh.request_columns["replica"], minlength=3)) == [4, 4, 4]
+    assert stale.request_columns["replica"].tolist() == [0] + [1] * 11
+    assert stale.finished_at.max() > 2 * fresh.finished_at.max(), "one replica did all the work"
+
+
+@pytest.mark.parametrize("delay, last", [(0.0, 0), (0.5, 1)])
+def test_a_delayed_snapshot_is_seen_only_after_its_delay(delay, last):
+    # one request runs at a time per replica, each for 3.09 s. A and B at 0 see no snapshot
+    # (replica 0); the snapshot at 0 shows two waiting there, so C (0.5) and D (0.6) go to
+    # replica 1; the one at 1.0 shows one waiting on each. E at 1.2 reads it and takes the
+    # tie's replica 0, unless it is seen only 0.5 s later: E then still reads the one at 0
+    tr = trace([0.0, 0.0, 0.5, 0.6, 1.2], [500] * 5, [300] * 5)
+    cfg = VLLMConfig(pool_tokens=2000, max_num_seqs=1)
+    routing = {**scored(queue_depth=1.0), "scrape_interval": 1.0, "delay": delay}
+    tl = simulate(tr, FCFS(), CONST, cfg, ClusterConfig(2, "scored", routing=routing))
+    assert tl.request_columns["replica"].tolist() == [0, 0, 1, 1, last]
+
+
+def test_the_prefix_scorer_keeps_requests_sharing_a_prompt_on_one_replica():
+    # two system prompts, their requests in pairs (A A B B A A ...), all still running when the
+    # last arrives: the prefix scorer (weight 2) keeps each prompt where its first request
+    # went against the load scorer (weight 1); the load scorer alone splits every pair
+    prompt_of = [(i // 2) % 2 for i in range(12)]
+    hashes = [np.arange(8) + 100 * p for p in prompt_of]
+    tr = hashed_trace(np.arange(12) * 0.01, [512] * 12, [200] * 12, hashes=hashes, hash_block=64)
+    cfg = VLLMConfig(pool_tokens=20_000)
+
+    def replicas(routing):
+        tl = simulate(tr, FCFS(), CONST, cfg, ClusterConfig(2, "scored", routing=routing))
+        return tl.request_columns["replica"], tl
+
+    rep, tl = replicas(scored(prefix_match=2.0, running_requests=1.0))
+    on = {p: set(rep[np.array(prompt_of) == p].tolist()) for p in (0, 1)}
+    assert on == {0: {0}, 1: {1}}
+    assert tl.request_columns["cached_tokens"][3:].min() > 0, "their prefixes were cached there"
+    load_only, _ = replicas(scored(running_requests=1.0))
+    assert load_only.tolist() == [0, 1] * 6
+
+
+@pytest.mark.parametrize(
+    ("routing", "message"),
+    [
+        ({"scorers": {"queue_lenght": 1.0}}, "unknown scorer(s) ['queue_lenght']; accepted"),
+        ({"scorers": {"queue_depth": 0.0}}, "the weights sum to 0"),
+        (
+            {"scorers": {"queue_depth": -1.0}},
+            "cluster.routing.scorers.queue_depth must be a weight",
+        ),
+        ({"scrape_interval": -1}, "cluster.routing.scrape_interval must be a number of seconds"),
+        ({"delay": 1.0}, "cluster.routing.delay needs cluster.routing.scrape_interval > 0"),
+        ({"freshness": 1.0}, "cluster.routing: unknown key(s) ['freshness']"),
+    ],
+)
+def test_bad_routing_configs_name_the_key(routing, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ClusterConfig(2, "scored", routing=routing)

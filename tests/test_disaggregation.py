@@ -167,9 +167,20 @@ def check_pools(tl, prefill_cfg, decode_cfg, prefill):
     horizon=st.sampled_from([None, 2.0]),
     make_policy=st.sampled_from([FCFS, VTC, LCF]),
     cpu_tier=st.sampled_from(["none", "recompute", "swap"]),
+    dispatcher=st.sampled_from(["least_requests", "scored", "stale"]),
 )
 def test_every_request_and_block_is_accounted_for_across_the_pools(
-    seed, prefill, decode, decider, shared_link, counters, pools, horizon, make_policy, cpu_tier
+    seed,
+    prefill,
+    decode,
+    decider,
+    shared_link,
+    counters,
+    pools,
+    horizon,
+    make_policy,
+    cpu_tier,
+    dispatcher,
 ):
     if counters == "shared" and make_policy is FCFS:
         counters = "per_pool"
@@ -184,9 +195,14 @@ def test_every_request_and_block_is_accounted_for_across_the_pools(
     )
     prefill_cfg = VLLMConfig(**{**vars(base), "pool_tokens": pools[0]})
     decode_cfg = VLLMConfig(**{**vars(base), "pool_tokens": pools[1]})
+    # "stale": the scored dispatcher reading snapshots taken every 0.3 s, seen 0.1 s later
+    routing = {"scrape_interval": 0.3, "delay": 0.1} if dispatcher == "stale" else {}
+    name = "scored" if dispatcher == "stale" else dispatcher
     cluster = pd(
         prefill,
         decode,
+        prefill_dispatcher=name,
+        decode_dispatcher=name,
         decider=decider,
         threshold=100,
         shared_link=shared_link,
@@ -195,6 +211,12 @@ def test_every_request_and_block_is_accounted_for_across_the_pools(
         link_bandwidth_gbps=1.0,
         prefill_engine={"pool_tokens": pools[0]},
         decode_engine={"pool_tokens": pools[1]},
+    )
+    cluster = ClusterConfig(
+        prefill_replicas=prefill,
+        decode_replicas=decode,
+        disaggregation=cluster.disaggregation,
+        routing=routing,
     )
     tl = simulate(tr, make_policy(), a10g_cost(), base, cluster)
     check_pools(tl, prefill_cfg, decode_cfg, prefill)

@@ -13,7 +13,10 @@
   distributed direction (its appendix C.3);
 - d2lpm: Double Deficit LPM (Cao et al. 2025, the distributed DLPM; `D2LPM` below), for
   engine=vllm: locality among the replicas whose load deficit is in credit, with each replica
-  running its own policy (policy=dlpm: the second deficit, per client).
+  running its own policy (policy=dlpm: the second deficit, per client);
+- scored: an inference gateway's endpoint picker (llm-d's): a weighted sum of scorers over the
+  replicas, the replica-reported ones read from snapshots scraped every `scrape_interval` and
+  seen `delay` later (`Scored` below; `cluster.routing`).
 
 A dispatcher that decides from the request alone (`static`) lets the runner assign an open-loop
 trace up front, so each replica runs alone at full speed. To add one: a class here, its name in
@@ -22,10 +25,14 @@ DISPATCHERS, and a line in the `cluster` block's comment in conf/config.yaml.
 
 from __future__ import annotations
 
+import math
 import os
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+import numpy as np
 
 from simulator.core.errors import ConfigError
 from simulator.core.seam import CounterPolicy, Policy
@@ -37,6 +44,7 @@ class Dispatcher:
     static: ClassVar[bool] = False  # the choice depends on the request only
     shared: ClassVar[bool] = False  # one queue and one policy for every replica
     tracks_load: ClassVar[bool] = False  # wants to hear when a routed request ends
+    interval = 0.0  # seconds between the snapshots `scrape` takes (`scrapes`)
 
     def __init__(self, replicas: int, client_of: list[int]) -> None:
         self.n, self.client_of = replicas, client_of
@@ -44,12 +52,23 @@ class Dispatcher:
     def check(self, policy: Policy) -> None:
         """Refuse a policy this dispatcher cannot work with (a clear error before the run)."""
 
-    def route(self, req: int, replicas: list[StepModel]) -> int:
-        """The replica `req` goes to (shared dispatchers are never asked)."""
+    def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
+        """The replica `req` goes to, arriving at `now` (shared dispatchers are never asked)."""
         raise NotImplementedError
 
     def released(self, req: int, replica: int) -> None:
         """`req`, routed to `replica`, ended (finished, rejected or refused)."""
+
+    def see_trace(self, trace: Any) -> None:
+        """The run's trace, before any arrival (a dispatcher that reads prompts uses it)."""
+
+    @property
+    def scrapes(self) -> bool:
+        """Whether it wants `scrape` called every `interval` seconds of simulated time."""
+        return False
+
+    def scrape(self, replicas: list[StepModel], now: float) -> None:
+        """Take a snapshot of what the replicas report (a dispatcher with stale signals)."""
 
 
 class RoundRobin(Dispatcher):
@@ -59,7 +78,7 @@ class RoundRobin(Dispatcher):
         super().__init__(replicas, client_of)
         self._next = 0
 
-    def route(self, req: int, replicas: list[StepModel]) -> int:
+    def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
         i = self._next % self.n
         self._next += 1
         return i
@@ -68,7 +87,7 @@ class RoundRobin(Dispatcher):
 class ClientAffinity(Dispatcher):
     static = True
 
-    def route(self, req: int, replicas: list[StepModel]) -> int:
+    def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
         return self.client_of[req] % self.n
 
 
@@ -79,7 +98,7 @@ class LeastRequests(Dispatcher):
         super().__init__(replicas, client_of)
         self.outstanding: list[set[int]] = [set() for _ in range(replicas)]
 
-    def route(self, req: int, replicas: list[StepModel]) -> int:
+    def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
         i = min(range(self.n), key=lambda k: (self.load(k, replicas), k))
         self.outstanding[i].add(req)
         return i
@@ -120,7 +139,7 @@ class D2LPM(Dispatcher):
         super().__init__(replicas, client_of)
         self.credit = [0.0] * replicas
 
-    def route(self, req: int, replicas: list[StepModel]) -> int:
+    def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
         cached = [getattr(model, "cached_tokens_now", None) for model in replicas]
         if any(lookup is None for lookup in cached):
             raise ConfigError("cluster.dispatcher=d2lpm needs engine=vllm (its prefix caches)")
@@ -133,6 +152,160 @@ class D2LPM(Dispatcher):
         work = replicas[best].remaining_tokens(req) - matches[best]
         self.credit[best] -= work
         return best
+
+
+SCORERS = ("queue_depth", "kv_utilization", "running_requests", "in_flight_tokens", "prefix_match")
+SCRAPED = ("queue_depth", "kv_utilization")  # what the replicas report (vLLM's /metrics)
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """`cluster.routing`: the scored dispatcher's scorers (name -> weight) and how fresh the
+    replica-reported signals are: read at the instant of routing (`scrape_interval` 0), or
+    from snapshots taken every `scrape_interval` seconds and seen `delay` seconds later."""
+
+    scorers: Mapping[str, float] = field(
+        default_factory=lambda: {"queue_depth": 1.0, "kv_utilization": 1.0, "prefix_match": 1.0}
+    )
+    scrape_interval: float = 0.0
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        key = "cluster.routing"
+        if not isinstance(self.scorers, Mapping) or not self.scorers:
+            raise ConfigError(f"{key}.scorers must map scorer names to weights; one of {SCORERS}")
+        unknown = sorted(set(self.scorers) - set(SCORERS))
+        if unknown:
+            raise ConfigError(f"{key}.scorers: unknown scorer(s) {unknown}; accepted: {SCORERS}")
+        for name, w in self.scorers.items():
+            if (
+                isinstance(w, bool)
+                or not isinstance(w, int | float)
+                or not (math.isfinite(w) and w >= 0)
+            ):
+                raise ConfigError(f"{key}.scorers.{name} must be a weight >= 0, got {w!r}")
+        if sum(self.scorers.values()) <= 0:
+            raise ConfigError(f"{key}.scorers: the weights sum to 0; give one a weight > 0")
+        for name in ("scrape_interval", "delay"):
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not (math.isfinite(v) and v >= 0)
+            ):
+                raise ConfigError(f"{key}.{name} must be a number of seconds >= 0, got {v!r}")
+        if self.delay > 0 and self.scrape_interval == 0:
+            raise ConfigError(
+                f"{key}.delay needs {key}.scrape_interval > 0 (signals read at the instant of "
+                "routing have no delay)"
+            )
+
+
+def inverse_load(load: np.ndarray) -> np.ndarray:
+    """A load scorer: 1 - load / the largest load (1 everywhere when all are 0), so the least
+    loaded replica scores highest and equal loads score equal."""
+    top = load.max()
+    return 1.0 - load / top if top > 0 else np.ones_like(load)
+
+
+class Scored(Dispatcher):
+    """An inference gateway's endpoint picker (llm-d's, the Gateway API inference extension's):
+    each request goes to the replica with the highest weighted sum of scores in [0, 1] (ties:
+    the lowest index). Scorers:
+    - queue_depth, kv_utilization: what each replica reports (waiting requests; KV in use over
+      its pool), read at the instant of routing, or, with `scrape_interval` > 0, from the last
+      snapshot taken on that interval that is at least `delay` old (none yet: all equal);
+    - running_requests, in_flight_tokens: the gateway's own count of the requests it routed to
+      each replica and not yet ended, and of their tokens still to process (alone, each picks
+      as least_requests and least_tokens do, bit for bit);
+    - prefix_match: the share of the request's prompt blocks (the trace's hash ids) that the
+      gateway last routed to that replica, remembered per replica as an LRU index as large as
+      the replica's KV pool (llm-d's approximate prefix scorer)."""
+
+    tracks_load = True
+
+    def __init__(self, replicas: int, client_of: list[int], routing: RoutingConfig) -> None:
+        super().__init__(replicas, client_of)
+        self.weights = [(name, float(routing.scorers[name])) for name in SCORERS
+                        if routing.scorers.get(name, 0) > 0]  # fmt: skip
+        self.interval, self.delay = float(routing.scrape_interval), float(routing.delay)
+        self.outstanding: list[set[int]] = [set() for _ in range(replicas)]
+        self.seen = np.zeros((replicas, len(SCRAPED)))  # the snapshot the picker reads
+        self.taken: deque[tuple[float, np.ndarray]] = deque()  # (seen from, snapshot)
+        self.hashes: list[np.ndarray] | None = None
+        self.hash_block = 1
+        self.index: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
+
+    def see_trace(self, trace: Any) -> None:
+        """The trace's prompt block ids, for the prefix scorer."""
+        self.hashes = trace.block_hashes
+        self.hash_block = int(trace.hash_block_tokens)
+
+    @property
+    def scrapes(self) -> bool:
+        return self.interval > 0 and any(name in SCRAPED for name, _ in self.weights)
+
+    def scrape(self, replicas: list[StepModel], now: float) -> None:
+        """Take a snapshot of the replicas' reports; the picker sees it `delay` later."""
+        self.taken.append((now + self.delay, reported(replicas)))
+
+    def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
+        if any(name in SCRAPED for name, _ in self.weights):
+            if self.interval == 0:
+                self.seen = reported(replicas)
+            while self.taken and self.taken[0][0] <= now:
+                self.seen = self.taken.popleft()[1]
+        total = np.zeros(self.n)
+        for name, weight in self.weights:
+            total += weight * self._score(name, req, replicas)
+        best = int(np.argmax(total))  # the first of equal scores: the lowest index
+        self.outstanding[best].add(req)
+        self._remember(req, best, replicas[best])
+        return best
+
+    def _score(self, name: str, req: int, replicas: list[StepModel]) -> np.ndarray:
+        if name == "queue_depth":
+            return inverse_load(self.seen[:, 0])
+        if name == "kv_utilization":
+            return 1.0 - self.seen[:, 1]
+        if name == "running_requests":
+            return inverse_load(np.array([len(o) for o in self.outstanding], dtype=float))
+        if name == "in_flight_tokens":
+            tokens = [sum(rep.remaining_tokens(r) for r in o)
+                      for rep, o in zip(replicas, self.outstanding, strict=True)]  # fmt: skip
+            return inverse_load(np.array(tokens, dtype=float))
+        ids = [] if self.hashes is None else self.hashes[req].tolist()
+        if not ids:
+            return np.zeros(self.n)
+        matched = np.zeros(self.n)
+        for k, index in enumerate(self.index):
+            for i in ids:
+                if i not in index:
+                    break
+                matched[k] += 1
+        return matched / len(ids)
+
+    def _remember(self, req: int, replica: int, rep: StepModel) -> None:
+        if self.hashes is None or not any(name == "prefix_match" for name, _ in self.weights):
+            return
+        index = self.index[replica]
+        for i in self.hashes[req].tolist():
+            index[i] = None
+            index.move_to_end(i)
+        capacity = max(1, rep.pool_tokens // self.hash_block)
+        while len(index) > capacity:
+            index.popitem(last=False)
+
+    def released(self, req: int, replica: int) -> None:
+        if replica >= 0:
+            self.outstanding[replica].discard(req)
+
+
+def reported(replicas: list[StepModel]) -> np.ndarray:
+    """What each replica reports now: (waiting requests, KV in use over its pool)."""
+    return np.array(
+        [[len(rep.queue), rep.kv_used() / rep.pool_tokens] for rep in replicas], dtype=float
+    )
 
 
 class Central(Dispatcher):
@@ -157,7 +330,17 @@ DISPATCHERS: dict[str, type[Dispatcher]] = {
     "central": Central,
     "global_vtc": GlobalVTC,
     "d2lpm": D2LPM,
+    "scored": Scored,  # takes the routing config too (make_dispatcher)
 }
+
+
+def make_dispatcher(
+    name: str, replicas: int, client_of: list[int], routing: RoutingConfig
+) -> Dispatcher:
+    """The dispatcher `name` for `replicas` replicas (the scored one with `routing`)."""
+    if name == "scored":
+        return Scored(replicas, client_of, routing)
+    return DISPATCHERS[name](replicas, client_of)
 
 
 @dataclass(frozen=True)
@@ -174,11 +357,21 @@ class ClusterConfig:
     disaggregation: DisaggregationConfig | Mapping[str, Any] = field(
         default_factory=DisaggregationConfig
     )
+    # the scored dispatcher's scorers and signal freshness (`RoutingConfig`)
+    routing: RoutingConfig | Mapping[str, Any] = field(default_factory=RoutingConfig)
 
     def __post_init__(self) -> None:
         if int(self.replicas) != self.replicas or self.replicas < 1:
             raise ConfigError(f"cluster.replicas must be an integer >= 1, got {self.replicas!r}")
         self._check_pools()
+        if isinstance(self.routing, Mapping):
+            accepted = {f.name for f in fields(RoutingConfig)}
+            unknown = sorted(set(self.routing) - accepted)
+            if unknown:
+                raise ConfigError(
+                    f"cluster.routing: unknown key(s) {unknown}; accepted: {sorted(accepted)}"
+                )
+            object.__setattr__(self, "routing", RoutingConfig(**self.routing))
         p = self.processes
         if p != "auto" and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
             raise ConfigError(f"cluster.processes must be an integer >= 1 or auto, got {p!r}")
@@ -241,4 +434,5 @@ class ClusterConfig:
         return int(self.processes)
 
     def make_dispatcher(self, client_of: list[int]) -> Dispatcher:
-        return DISPATCHERS[self.dispatcher](self.replicas, client_of)
+        assert isinstance(self.routing, RoutingConfig)
+        return make_dispatcher(self.dispatcher, self.replicas, client_of, self.routing)

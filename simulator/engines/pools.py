@@ -17,7 +17,7 @@ from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import CounterPolicy, Policy, ReplicaAware, check_hooks
 from simulator.engines.disaggregation import DisaggregationConfig, KVLink, with_settings
-from simulator.engines.dispatch import DISPATCHERS, ClusterConfig
+from simulator.engines.dispatch import ClusterConfig, Dispatcher, RoutingConfig, make_dispatcher
 from simulator.engines.step_model import EngineConfig, Host, StepModel
 from simulator.engines.vllm import VLLMConfig, VLLMReplica, VLLMRequests
 from traces.schema import Trace
@@ -70,8 +70,12 @@ class DisaggregatedPools:
             )
         self.bytes_per_token = sizes.pop()
         client_of = runner.state.client_of
-        self.prefill_dispatcher = DISPATCHERS[pd.prefill_dispatcher](self.P, client_of)
-        self.decode_dispatcher = DISPATCHERS[pd.decode_dispatcher](self.D, client_of)
+        routing = cluster.routing
+        assert isinstance(routing, RoutingConfig)
+        self.prefill_dispatcher = make_dispatcher(pd.prefill_dispatcher, self.P, client_of, routing)
+        self.decode_dispatcher = make_dispatcher(pd.decode_dispatcher, self.D, client_of, routing)
+        for dispatcher in (self.prefill_dispatcher, self.decode_dispatcher):
+            dispatcher.see_trace(runner.trace)
         self.link = KVLink(pd.link_bandwidth_gbps, pd.link_latency, pd.shared_link)
         self.policies = self._policies(policy)
         n = len(runner.trace)
@@ -136,7 +140,7 @@ class DisaggregatedPools:
         """An arrival: its decode replica, then the decider; disaggregated, a prefill replica."""
         runner, P = self.runner, self.P
         decode = runner.replicas[P:]
-        j = self.decode_dispatcher.route(req, decode)
+        j = self.decode_dispatcher.route(req, decode, now)
         self.decode_of[req] = P + j
         cached = 0
         if self.pd.decider == "cache_miss_above":
@@ -144,13 +148,21 @@ class DisaggregatedPools:
             assert isinstance(rep, VLLMReplica)
             cached = rep.cached_tokens_now(req)
         if self.pd.disaggregates(runner.state.prompt[req], cached):
-            i = self.prefill_dispatcher.route(req, runner.replicas[:P])
+            i = self.prefill_dispatcher.route(req, runner.replicas[:P], now)
             self.prefill_of[req] = i
             runner.state.replica[req] = i
             runner.accept(i, req, now)
         else:
             runner.state.replica[req] = P + j
             runner.accept(P + j, req, now)
+
+    def dispatchers(self) -> list[tuple[Dispatcher, list[StepModel]]]:
+        """Each pool's dispatcher with the replicas it routes to."""
+        replicas = self.runner.replicas
+        return [
+            (self.prefill_dispatcher, replicas[: self.P]),
+            (self.decode_dispatcher, replicas[self.P :]),
+        ]
 
     def prefilled(self, replica: int, rows: list[int], now: float) -> None:
         """Prefill replica `replica` sampled these requests' first tokens: each joins its

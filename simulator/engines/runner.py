@@ -40,7 +40,7 @@ from simulator.core.seam import CounterPolicy, Finished, Policy
 from simulator.core.timeline import SpillPlan, Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.assemble import ReplicaPart, assemble_timeline, counter_frame, counter_logs
-from simulator.engines.dispatch import ClusterConfig
+from simulator.engines.dispatch import ClusterConfig, Dispatcher
 from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
 from simulator.engines.pools import DisaggregatedPools
 from simulator.engines.step_model import EngineConfig, Plan, StepModel
@@ -97,6 +97,7 @@ class Runner:
         self.tokens = TokenRuns()
         self.dispatcher = cluster.make_dispatcher(self.state.client_of)
         self.dispatcher.check(policy)
+        self.dispatcher.see_trace(trace)
         n, shared = cluster.replicas, self.dispatcher.shared
         # prefill and decode pools (simulator/engines/pools.py) instead of co-located replicas
         self.pools = (
@@ -152,6 +153,7 @@ class Runner:
         self._changed: simpy.Event | None = None  # coupled: a release or push to wait for
         self._frontier_moved = self.env.event()
         self.started = False
+        self._next_scrape = np.inf  # when a dispatcher next takes a snapshot of its replicas
         self.simulated = list(range(n))  # the replicas this process simulates
         # while forked processes simulate the other replicas (forked.py): drains their news and
         # gives the simulated time every one of them has reached
@@ -184,7 +186,7 @@ class Runner:
         if self.dispatcher.shared:
             self.accept(0, req, now)  # one queue, one policy; idle replicas wake to pull
             return
-        i = self.dispatcher.route(req, self.replicas)
+        i = self.dispatcher.route(req, self.replicas, now)
         self.state.replica[req] = i
         self.accept(i, req, now)
 
@@ -282,6 +284,9 @@ class Runner:
             self.started = True
             if self.coupled:
                 self.env.process(self._arrivals())
+            scraped = self._scraped()
+            if scraped:
+                self.env.process(self._scrape(scraped))
             for i in self.simulated:
                 rep = self.replicas[i]
                 self.env.process(self._coupled(rep) if self.coupled else self._standalone(rep))
@@ -404,7 +409,12 @@ class Runner:
         pools = self.pools
         if pools is None or not pools.fast_forward or rep.index < pools.P:
             return self.frontier
-        until = min(self.frontier, self._feeds[0].next_time(), pools.next_kv_arrival(rep.index))
+        until = min(
+            self.frontier,
+            self._feeds[0].next_time(),
+            pools.next_kv_arrival(rep.index),
+            self._next_scrape,  # a snapshot reads the replica as of its instant
+        )
         for p in range(pools.P):
             end = self._stepping[p]
             if end is not None:
@@ -412,6 +422,35 @@ class Runner:
             elif self._wake[p] is None or len(self.queues[p]):  # deciding now, or may wake
                 return rep.now
         return until
+
+    def _scraped(self) -> list[tuple[Dispatcher, list[StepModel]]]:
+        """The dispatchers that read snapshots of their replicas, and those replicas."""
+        if self.pools is not None:
+            pairs = self.pools.dispatchers()
+        else:
+            pairs = [(self.dispatcher, self.replicas)]
+        return [(d, reps) for d, reps in pairs if d.scrapes]
+
+    def _scrape(
+        self, scraped: list[tuple[Dispatcher, list[StepModel]]]
+    ) -> Generator[simpy.Event, None, None]:
+        """Snapshots of the replicas' reports every `interval` seconds (the dispatchers share
+        the routing config), while anything else may still happen (`_next_scrape`: when the
+        next is taken)."""
+        env, interval = self.env, scraped[0][0].interval
+        while True:
+            for dispatcher, replicas in scraped:
+                dispatcher.scrape(replicas, env.now)
+            self._next_scrape = np.inf
+            if self._past_horizon(env.now):
+                return
+            if env.peek() == np.inf:  # nothing else is scheduled
+                if not self.pushed or self.frontier == np.inf:
+                    return
+                yield self._frontier_moved  # live: more arrivals may come
+                continue
+            self._next_scrape = env.now + interval
+            yield env.timeout(interval)
 
     def _arrivals(self) -> Generator[simpy.Event, None, None]:
         """Coupled replicas: deliver arrivals while every replica is idle."""
