@@ -82,6 +82,26 @@ def random_trace(seed: int, n: int, clients: int, max_prompt: int, max_output: i
     )
 
 
+def with_shared_prefixes(tr: Trace, seed: int, prompts: int = 4, hash_block: int = 64) -> Trace:
+    """`tr` with prompt block ids: each request's first half shares one of `prompts` system
+    prompts, the rest is its own (so prefix caches and a CPU tier see reuse)."""
+    shared = np.random.default_rng(seed).integers(0, prompts, len(tr))
+    hashes = [
+        np.concatenate(
+            [s * 1000 + np.arange(p // hash_block // 2 + 1), r * 10**6 + np.arange(p // hash_block)]
+        )[: p // hash_block]
+        for r, (s, p) in enumerate(zip(shared, tr.prompt_len, strict=True))
+    ]
+    return Trace.from_columns(
+        client=[tr.client_names[c] for c in tr.client],
+        arrival=tr.arrival,
+        prompt_len=tr.prompt_len,
+        output_len=tr.output_len,
+        block_hashes=hashes,
+        hash_block_tokens=hash_block,
+    )
+
+
 def check_accounting(tl):  # type: ignore[no-untyped-def]
     """What every engine's timeline must satisfy: each request has a status (and a reason
     unless completed), completed ones emitted exactly their output, token times strictly

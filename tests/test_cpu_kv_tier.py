@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_vllm_engine import check_invariants, trace
 
-from conftest import a10g_cost, random_trace
+from conftest import a10g_cost, random_trace, with_shared_prefixes
 from cost_models import ConstantStepCost
 from policies import FCFS, VTC
 from simulator.core.errors import ConfigError
@@ -101,23 +101,8 @@ def test_swap_preemption_brings_the_kv_back_instead_of_recomputing_it():
 def test_the_cpu_tier_keeps_every_invariant_and_fast_forward_changes_nothing(
     seed, cpu_blocks, mode, pool, horizon, make_policy
 ):
-    rng = np.random.default_rng(seed)
     tr = random_trace(seed=seed, n=60, clients=3, max_prompt=300, max_output=60, rate=20.0)
-    shared = rng.integers(0, 4, len(tr))  # four system prompts shared by the requests
-    hashes = [
-        np.concatenate([s * 1000 + np.arange(p // 64 // 2 + 1), r * 10**6 + np.arange(p // 64)])[
-            : p // 64
-        ]
-        for r, (s, p) in enumerate(zip(shared, tr.prompt_len, strict=True))
-    ]
-    tr = tr.__class__.from_columns(
-        client=[tr.client_names[c] for c in tr.client],
-        arrival=tr.arrival,
-        prompt_len=tr.prompt_len,
-        output_len=tr.output_len,
-        block_hashes=hashes,
-        hash_block_tokens=64,
-    )
+    tr = with_shared_prefixes(tr, seed)
     cfg = VLLMConfig(
         pool_tokens=pool,
         max_num_batched_tokens=256,

@@ -10,7 +10,7 @@ from test_cluster import backlogged_pair, service_gap
 from test_runner import assert_same_timeline, pushed_in_chunks
 from test_vllm_engine import trace
 
-from conftest import a10g_cost, check_accounting, random_trace
+from conftest import a10g_cost, check_accounting, random_trace, with_shared_prefixes
 from cost_models import ConstantStepCost
 from policies import FCFS, LCF, VTC
 from simulator.core.errors import ConfigError
@@ -155,7 +155,7 @@ def check_pools(tl, prefill_cfg, decode_cfg, prefill):
         }
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 1000),
     prefill=st.integers(1, 2),
@@ -185,6 +185,7 @@ def test_every_request_and_block_is_accounted_for_across_the_pools(
     if counters == "shared" and make_policy is FCFS:
         counters = "per_pool"
     tr = random_trace(seed=seed, n=80, clients=3, max_prompt=300, max_output=60, rate=30.0)
+    tr = with_shared_prefixes(tr, seed)  # prefix caches, and CPU-tier loads, on both pools
     tier = {} if cpu_tier == "none" else {"cpu_kv_tokens": 640, "preemption_mode": cpu_tier}
     base = VLLMConfig(
         max_num_batched_tokens=256,

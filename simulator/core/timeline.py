@@ -43,6 +43,7 @@ class StepRecorder:
         self._ends = array("d")
         self._kinds = array("b")
         self._kv = array("q")
+        self.last_kv = 0  # KV in use after the last step recorded (what a replica reports)
         # per run: its first start, and (steps, kind, batch size, tokens, preemptions) as int32:
         # 28 bytes a run where six doubles took 48 (an overload run records a run per step)
         self._starts = array("d")
@@ -87,6 +88,8 @@ class StepRecorder:
         else:
             self._ends.extend(ends)
         self._kv.extend(kv)
+        if len(kv):
+            self.last_kv = int(kv[-1])
         self._kinds.frombytes(bytes([kind]) * len(kv))
         self._starts.append(start)
         self._runs.extend((len(kv), kind, batch_size, num_tokens, preempted))

@@ -302,9 +302,10 @@ class Scored(Dispatcher):
 
 
 def reported(replicas: list[StepModel]) -> np.ndarray:
-    """What each replica reports now: (waiting requests, KV in use over its pool)."""
+    """What each replica reports now: (waiting requests, KV in use over its pool after its
+    last step; the blocks a step in flight took at its start count once it has ended)."""
     return np.array(
-        [[len(rep.queue), rep.kv_used() / rep.pool_tokens] for rep in replicas], dtype=float
+        [[len(rep.queue), rep.steps.last_kv / rep.pool_tokens] for rep in replicas], dtype=float
     )
 
 
