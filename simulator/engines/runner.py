@@ -404,8 +404,9 @@ class Runner:
         """Until when nothing from outside can reach coupled replica `rep`: the frontier, and,
         for a decode replica of disaggregated pools (whose policy is its own), the next
         arrival (the dispatchers read it), the next end of a prefill step (a handoff), the
-        next KV transfer to it, or now if an idle prefill replica with work waiting could
-        start a step at any instant (when blocks it needs are freed)."""
+        next KV transfer to it, the next KV load an idle prefill replica waits for, or now if
+        an idle prefill replica with work waiting could start a step at any instant (when
+        blocks it needs are freed)."""
         pools = self.pools
         if pools is None or not pools.fast_forward or rep.index < pools.P:
             return self.frontier
@@ -421,6 +422,8 @@ class Runner:
                 until = min(until, end)
             elif self._wake[p] is None or len(self.queues[p]):  # deciding now, or may wake
                 return rep.now
+            else:  # idle: it steps again when a KV load of its own ends
+                until = min(until, self.replicas[p].next_event())
         return until
 
     def _scraped(self) -> list[tuple[Dispatcher, list[StepModel]]]:
