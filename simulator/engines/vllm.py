@@ -94,6 +94,7 @@ class VLLMConfig(EngineKnobs):
 
     def __post_init__(self) -> None:
         check_integers(self, 1, "block_size", "max_num_batched_tokens", "max_num_seqs")
+        check_integers(self, 0, "cpu_kv_tokens")
         if self.pool_tokens is not None and (
             int(self.pool_tokens) != self.pool_tokens or self.pool_tokens < self.block_size
         ):
@@ -103,7 +104,7 @@ class VLLMConfig(EngineKnobs):
             )
         if not (0.0 <= self.watermark < 1.0):
             raise ConfigError(f"engine.watermark must be in [0, 1), got {self.watermark!r}")
-        for key in ("max_model_len", "num_gpu_blocks"):
+        for key in ("max_model_len", "num_gpu_blocks", "kv_bytes_per_token"):
             v = getattr(self, key)
             if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
                 raise ConfigError(f"engine.{key} must be null or an integer >= 1, got {v!r}")
@@ -118,9 +119,6 @@ class VLLMConfig(EngineKnobs):
         super().__post_init__()
 
     def _check_cpu_tier(self) -> None:
-        c = self.cpu_kv_tokens
-        if isinstance(c, bool) or int(c) != c or c < 0:
-            raise ConfigError(f"engine.cpu_kv_tokens must be an integer >= 0, got {c!r}")
         bw = self.cpu_kv_gbps
         if isinstance(bw, bool) or not (math.isfinite(bw) and bw > 0):
             raise ConfigError(f"engine.cpu_kv_gbps must be a number > 0, got {bw!r}")
@@ -128,13 +126,8 @@ class VLLMConfig(EngineKnobs):
             raise ConfigError(
                 f"engine.preemption_mode must be recompute or swap, got {self.preemption_mode!r}"
             )
-        if self.preemption_mode == "swap" and not c:
+        if self.preemption_mode == "swap" and not self.cpu_kv_tokens:
             raise ConfigError("engine.preemption_mode=swap needs a CPU tier: engine.cpu_kv_tokens")
-        b = self.kv_bytes_per_token
-        if b is not None and (isinstance(b, bool) or int(b) != b or b < 1):
-            raise ConfigError(
-                f"engine.kv_bytes_per_token must be null or an integer >= 1, got {b!r}"
-            )
 
     def bytes_per_token(self, cost: StepCostModel) -> int:
         """KV bytes of one token (all layers): the configured figure, else the cost model's."""
