@@ -5,6 +5,7 @@ from policies.base import BasePolicy
 from policies.drr import DRR
 from policies.fairserve import FairServe, RPMInteraction
 from policies.fcfs import FCFS
+from policies.flows import WFQ, RoundRobin
 from policies.lpm import DLPM, LPM
 from policies.priority import Priority
 from policies.rpm import RPM
@@ -20,9 +21,11 @@ __all__ = [
     "LPM",
     "RPM",
     "VTC",
+    "WFQ",
     "BasePolicy",
     "FairServe",
     "Policy",
     "Priority",
+    "RoundRobin",
     "RPMInteraction",
 ]

@@ -56,17 +56,18 @@ def load_table(
     client: str | None = None,
 ) -> Trace:
     """A generic table. `columns` maps the trace's fields (arrival, prompt_len, output_len and
-    optionally client, request_id) to the file's column names; arrival times are in `time_unit`
-    (s, ms, us) and shifted to start at 0. Without a client column every row gets `client` (or
-    the file's stem)."""
+    optionally client, request_id, slo_class) to the file's column names; arrival times are in
+    `time_unit` (s, ms, us) and shifted to start at 0. Without a client column every row gets
+    `client` (or the file's stem)."""
     source = str(path)
     mapping = {"arrival": "arrival", "prompt_len": "prompt_len", "output_len": "output_len"}
     mapping.update(columns or {})
-    unknown = set(mapping) - {"arrival", "prompt_len", "output_len", "client", "request_id"}
+    accepted = ("arrival", "prompt_len", "output_len", "client", "request_id", "slo_class")
+    unknown = set(mapping) - set(accepted)
     if unknown:
         raise TraceError(
-            f"{source}: column mapping {sorted(unknown)} unknown; accepted keys: arrival, "
-            "prompt_len, output_len, client, request_id"
+            f"{source}: column mapping {sorted(unknown)} unknown; accepted keys: "
+            + ", ".join(accepted)
         )
     if time_unit not in TIME_UNITS:
         raise TraceError(f"{source}: time_unit {time_unit!r}; accepted: {tuple(TIME_UNITS)}")
@@ -103,6 +104,11 @@ def _trace(
         arrival=times - times.min(),
         prompt_len=prompt,
         output_len=output,
+        slo_class=(
+            frame[mapping["slo_class"]].astype(str).to_numpy(dtype=object)
+            if "slo_class" in mapping
+            else None
+        ),
         source=source,
         sort=sort,
         **extra,  # type: ignore[arg-type]

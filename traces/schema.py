@@ -14,6 +14,10 @@ from typing import Any
 import numpy as np
 
 OPTIONAL_INT_COLUMNS = ("interaction_id", "call_index", "num_calls", "system_prompt_len")
+# a request's SLO class, with its priority as an inference gateway reads it (the Gateway API
+# inference extension's: the higher the more important, a negative one may be shed)
+SLO_PRIORITY = {"critical": 1, "standard": 0, "sheddable": -1, "batch": -2, "background": -3}
+SLO_CLASSES = tuple(SLO_PRIORITY)  # `Trace.slo_class` holds codes into this
 # the source of a live session's trace (simulator/engines/live.py): its rows are written as
 # requests arrive, so nothing per row can be derived from it up front
 LIVE_SOURCE = "<live>"
@@ -115,6 +119,7 @@ class Trace:
     system_prompt_len: np.ndarray | None = None
     think_time: np.ndarray | None = None  # chained arrivals: see `predecessor`
     block_hashes: np.ndarray | None = None  # object: per row, the prompt's KV block hash ids
+    slo_class: np.ndarray | None = None  # int8 codes into SLO_CLASSES
     hash_block_tokens: int = 512  # prompt tokens each block hash id covers (Mooncake: 512)
     source: str = field(default="<trace>", compare=False)
 
@@ -144,6 +149,7 @@ class Trace:
         optional: Mapping[str, Sequence[int] | np.ndarray] | None = None,
         think_time: Sequence[float] | np.ndarray | None = None,
         block_hashes: Sequence[np.ndarray] | np.ndarray | None = None,
+        slo_class: Sequence[object] | np.ndarray | None = None,
         hash_block_tokens: int = 512,
         source: str = "<trace>",
         sort: bool = False,
@@ -154,6 +160,7 @@ class Trace:
         given (so idle clients keep their place), else the order of first appearance.
         Unsorted arrivals are an error unless `sort=True` asks to sort them. `think_time` makes
         the trace chained (needs `interaction_id` and `call_index`; see `predecessor`).
+        `slo_class` holds class names (SLO_CLASSES).
         """
         arrival_arr = float_column(arrival, "arrival", source)
         n = arrival_arr.shape[0]
@@ -170,6 +177,8 @@ class Trace:
             cols["think_time"] = think_time
         if block_hashes is not None:
             cols["block_hashes"] = block_hashes
+        if slo_class is not None:
+            cols["slo_class"] = slo_class
         if int(hash_block_tokens) != hash_block_tokens or hash_block_tokens < 1:
             raise _fail(source, None, "hash_block_tokens", hash_block_tokens, "an integer >= 1")
         for name, values in {**cols, **(optional or {})}.items():
@@ -192,6 +201,9 @@ class Trace:
         output = int_column(output_len, "output_len", source, 1)
         client_codes, names = _codes(client, "client", source, client_names)
         app_codes, app_names = (None, ()) if app is None else _codes(app, "app", source)
+        classes = None
+        if slo_class is not None:
+            classes = _codes(slo_class, "slo_class", source, SLO_CLASSES)[0].astype(np.int8)
         extra = {
             name: int_column(values, name, source, 0) for name, values in (optional or {}).items()
         }
@@ -242,6 +254,7 @@ class Trace:
             system_prompt_len=take(extra.get("system_prompt_len")),
             think_time=take(think),
             block_hashes=None if block_hashes is None else _object_column(block_hashes)[order],
+            slo_class=take(classes),
             hash_block_tokens=int(hash_block_tokens),
             source=source,
         )

@@ -25,6 +25,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+import policies
 from cost_models.base import StepCostModel
 from simulator.api.overload import overload_warning
 from simulator.api.prefill_profile import profile_prefill
@@ -32,6 +33,7 @@ from simulator.core.errors import ConfigError
 from simulator.core.seam import CounterPolicy, Policy
 from simulator.core.timeline import SpillPlan, Timeline
 from simulator.engines import ClusterConfig, Progress, simulate
+from simulator.engines.gateway import GatewayConfig
 from simulator.engines.step_model import EngineConfig
 from simulator.metrics.fairness import fairness_summary, tick_span
 from simulator.metrics.latency import inter_token_gaps
@@ -70,8 +72,51 @@ def unfit(trace: Trace, engine: EngineConfig, cost: StepCostModel) -> dict[str, 
 
 
 def build_trace(cfg: DictConfig) -> Trace:
+    """The workload's trace, each request labelled with its SLO class where the gateway block
+    names classes (or the workload gave them, or the gateway acts)."""
     workload = instantiate(cfg.workload, _convert_="all")
-    return workload.build(int(cfg.seed))
+    trace = workload.build(int(cfg.seed))
+    gateway = gateway_config(cfg)
+    if gateway is None or not gateway.labels(trace):
+        return trace
+    return dataclasses.replace(trace, slo_class=gateway.class_codes(trace))
+
+
+# the fairness policies flow control may run across a band's tenants (gateway.flow_control)
+FLOW_FAIRNESS: dict[str, Callable[..., Policy]] = {
+    "fcfs": policies.FCFS,
+    "round_robin": policies.RoundRobin,
+    "wfq": policies.WFQ,
+    "vtc": policies.VTC,
+    "drr": policies.DRR,
+}
+
+
+def gateway_config(cfg: DictConfig) -> GatewayConfig | None:
+    """The `gateway:` block as a GatewayConfig (None without one), with the fairness policy
+    its flow control names built."""
+    block = cfg.get("gateway")
+    if block is None:
+        return None
+    data = OmegaConf.to_container(block, resolve=True)
+    assert isinstance(data, dict)
+    fields = dataclasses.fields(GatewayConfig)
+    accepted = sorted(f.name for f in fields if f.name != "fairness_policy")
+    unknown = sorted(set(data) - set(accepted))
+    if unknown:
+        raise ConfigError(f"gateway: unknown key(s) {unknown}; accepted: {accepted}")
+    flow = data.get("flow_control") or {}
+    policy = None
+    if isinstance(flow, dict) and flow.get("enabled"):
+        name, args = flow.get("fairness", "round_robin"), flow.get("fairness_args") or {}
+        if name in FLOW_FAIRNESS:  # an unknown name gets GatewayConfig's error
+            try:
+                policy = FLOW_FAIRNESS[name](**args)
+            except TypeError as err:
+                raise ConfigError(
+                    f"gateway.flow_control.fairness_args: {err} (settings of policy={name})"
+                ) from None
+    return GatewayConfig(**{str(k): v for k, v in data.items()}, fairness_policy=policy)
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
@@ -90,6 +135,9 @@ def instantiate_parts(
     cluster = instantiate(cfg.cluster, _convert_="all") if cfg.get("cluster") else None
     if cluster is not None and cluster.processes == "auto" and in_multirun():
         cluster = dataclasses.replace(cluster, processes=1)  # the sweep's jobs use the CPUs
+    gateway = gateway_config(cfg)
+    if gateway is not None and gateway.active:
+        cluster = dataclasses.replace(cluster or ClusterConfig(), gateway=gateway)
     return (
         instantiate(cfg.policy, _convert_="all"),
         instantiate(cfg.cost_model, _convert_="all"),
@@ -215,6 +263,15 @@ def what_ran(cfg: DictConfig) -> dict[str, Any]:
     cluster = cfg.get("cluster")
     if cluster is not None and int(cluster.get("replicas", 1)) > 1:
         named["replicas"] = f"{cluster.replicas} ({cluster.dispatcher})"
+    gateway = cfg.get("gateway")
+    if gateway is not None:
+        parts = []
+        if gateway.admission.type != "always":
+            parts.append(f"admission {gateway.admission.type}")
+        if gateway.flow_control.enabled:
+            parts.append(f"flow control {gateway.flow_control.fairness}")
+        if parts:
+            named["gateway"] = ", ".join(parts)
     if cfg.get("seed") is not None:
         named["seed"] = cfg.seed
     return named

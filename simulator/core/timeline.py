@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from simulator.core.counters import CounterLog
 from simulator.core.requests import STATUSES
-from traces.schema import OPTIONAL_INT_COLUMNS, Trace
+from traces.schema import OPTIONAL_INT_COLUMNS, SLO_CLASSES, Trace
 
 STEP_KINDS = ("prefill", "decode", "mixed")  # mixed: chunked prefill next to decodes (vLLM)
 PREFILL, DECODE, MIXED = range(len(STEP_KINDS))
@@ -337,6 +337,8 @@ class Timeline:
         for name in (*OPTIONAL_INT_COLUMNS, "think_time"):
             if getattr(t, name) is not None:
                 optional[name] = getattr(t, name)
+        if t.slo_class is not None:
+            optional["slo_class"] = pd.Categorical.from_codes(t.slo_class, categories=SLO_CLASSES)
         return pd.DataFrame(
             {
                 "request_id": t.request_id,

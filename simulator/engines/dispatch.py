@@ -37,6 +37,7 @@ import numpy as np
 from simulator.core.errors import ConfigError
 from simulator.core.seam import CounterPolicy, Policy
 from simulator.engines.disaggregation import DisaggregationConfig
+from simulator.engines.gateway import GatewayConfig
 from simulator.engines.step_model import StepModel
 
 
@@ -360,6 +361,8 @@ class ClusterConfig:
     )
     # the scored dispatcher's scorers and signal freshness (`RoutingConfig`)
     routing: RoutingConfig | Mapping[str, Any] = field(default_factory=RoutingConfig)
+    # the gateway in front of the replicas (simulator/engines/gateway.py; the `gateway:` block)
+    gateway: GatewayConfig | None = None
 
     def __post_init__(self) -> None:
         if int(self.replicas) != self.replicas or self.replicas < 1:
@@ -373,6 +376,12 @@ class ClusterConfig:
                     f"cluster.routing: unknown key(s) {unknown}; accepted: {sorted(accepted)}"
                 )
             object.__setattr__(self, "routing", RoutingConfig(**self.routing))
+        if self.gateway is not None and self.gateway.active and self.disaggregated:
+            raise ConfigError(
+                "the gateway's admission and flow control run in front of co-located replicas "
+                "only: leave gateway.admission.type=always and gateway.flow_control.enabled=false "
+                "with cluster.prefill_replicas"
+            )
         p = self.processes
         if p != "auto" and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
             raise ConfigError(f"cluster.processes must be an integer >= 1 or auto, got {p!r}")

@@ -42,6 +42,7 @@ from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.assemble import ReplicaPart, assemble_timeline, counter_frame, counter_logs
 from simulator.engines.dispatch import ClusterConfig, Dispatcher
 from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
+from simulator.engines.gateway import QUEUED, Gateway
 from simulator.engines.pools import DisaggregatedPools
 from simulator.engines.step_model import EngineConfig, Plan, StepModel
 from traces.schema import Trace
@@ -119,8 +120,19 @@ class Runner:
             else self.pools.refusals(trace)
         )
         self.successor = chains(trace)
+        # the gateway in front (simulator/engines/gateway.py), when it decides anything
+        gateway = cluster.gateway
+        self.gateway = (
+            Gateway(gateway, trace, self.state.client_of)
+            if gateway is not None and gateway.active
+            else None
+        )
+        self._gateway_or_pools = self.gateway is not None or self.pools is not None
         self.coupled = (
-            not self.dispatcher.static or (trace.chained and n > 1) or self.pools is not None
+            not self.dispatcher.static
+            or (trace.chained and n > 1)
+            or self.pools is not None
+            or self.gateway is not None
         )
         # a request is sent at its arrival time and reaches the engine's queue this much later
         # (a cost model's front end: HTTP, tokenizing); its latencies count from the send
@@ -154,6 +166,7 @@ class Runner:
         self._frontier_moved = self.env.event()
         self.started = False
         self._next_scrape = np.inf  # when a dispatcher next takes a snapshot of its replicas
+        self._gateway_wake: simpy.Event | None = None  # set while the gateway's TTL timer waits
         self.simulated = list(range(n))  # the replicas this process simulates
         # while forked processes simulate the other replicas (forked.py): drains their news and
         # gives the simulated time every one of them has reached
@@ -179,7 +192,23 @@ class Runner:
         return self._feeds[replica]
 
     def _dispatch(self, req: int, now: float) -> None:
-        """Coupled replicas: route an arrival when it happens."""
+        """Coupled replicas: an arrival, through the gateway if there is one, then routed."""
+        gateway = self.gateway
+        if gateway is not None:
+            self.state.arrival[req] = now - self.frontend
+            reason = gateway.arrive(req, now, self.replicas)
+            if reason is not None:
+                self._end(req, now, REJECTED, reason)
+                return
+            if gateway.flow.enabled:  # it waits at the gateway
+                self.state.reason[req] = QUEUED
+                self._wake_gateway()
+                self._pump(now)
+                return
+        self._route(req, now)
+
+    def _route(self, req: int, now: float) -> None:
+        """Send a request to the replica (or pool) the dispatcher picks."""
         if self.pools is not None:
             self.pools.route(req, now)
             return
@@ -193,7 +222,8 @@ class Runner:
     def accept(self, replica: int, req: int, now: float) -> None:
         """A request arrives at a replica: refused, rejected, or queued."""
         state = self.state
-        state.arrival[req] = now - self.frontend  # sent then (chained calls learn it only now)
+        if self.gateway is None:  # (the gateway notes it on arrival: this may be later)
+            state.arrival[req] = now - self.frontend  # sent then (chained calls learn it now)
         refusal = self._refusal[req]
         if refusal is not None:
             self._end(req, now, REFUSED, refusal)
@@ -236,13 +266,15 @@ class Runner:
         if Finished in policy.charged:
             for r in rows:
                 policy.charge(Finished(r, now))
-        if self.dispatcher.tracks_load or self.successor or self.pools is not None:
+        if self.dispatcher.tracks_load or self.successor or self._gateway_or_pools:
             for r in rows:
                 self._released(r, now)
 
     def _released(self, req: int, now: float) -> None:
         """`req` ended: it no longer loads its replica, and a chained successor is sent after
         its think time."""
+        if self.gateway is not None:
+            self.gateway.ended(req, now, int(self.state.generated[req]))
         if self.pools is not None:
             self.pools.released(req, now)
         elif self.dispatcher.tracks_load:
@@ -287,6 +319,8 @@ class Runner:
             scraped = self._scraped()
             if scraped:
                 self.env.process(self._scrape(scraped))
+            if self.gateway is not None and self.gateway.flow.ttl is not None:
+                self.env.process(self._gateway_expiries())
             for i in self.simulated:
                 rep = self.replicas[i]
                 self.env.process(self._coupled(rep) if self.coupled else self._standalone(rep))
@@ -398,6 +432,8 @@ class Runner:
             yield env.timeout(max(0.0, plan.end - env.now))
             self._stepping[rep.index] = None
             rep.apply(plan)  # now = plan.end
+            if self.gateway is not None:
+                self._pump(rep.now)  # the pool may have room now
             yield env.timeout(0)  # every replica applies its step before any decides
 
     def _frontier_of(self, rep: StepModel) -> float:
@@ -455,6 +491,31 @@ class Runner:
             self._next_scrape = env.now + interval
             yield env.timeout(interval)
 
+    # ---- the gateway ----------------------------------------------------------------------
+    def _pump(self, now: float) -> None:
+        """Let the gateway dispatch what the pool has room for."""
+        assert self.gateway is not None
+        self.gateway.pump(now, self.replicas, self._route, self.reject)
+
+    def _wake_gateway(self) -> None:
+        if self._gateway_wake is not None and not self._gateway_wake.triggered:
+            self._gateway_wake.succeed()
+
+    def _gateway_expiries(self) -> Generator[simpy.Event, None, None]:
+        """Reject requests whose time at the gateway (its TTL) runs out, when it runs out."""
+        assert self.gateway is not None
+        env = self.env
+        while True:
+            t = self.gateway.next_expiry()
+            self._gateway_wake = env.event()
+            waits = [self._gateway_wake]
+            if t < np.inf:
+                waits.append(env.timeout(max(0.0, t - env.now)))
+            yield env.any_of(waits)
+            if self._past_horizon(env.now):
+                return
+            self._pump(env.now)
+
     def _arrivals(self) -> Generator[simpy.Event, None, None]:
         """Coupled replicas: deliver arrivals while every replica is idle."""
         env, feed = self.env, self._feeds[0]
@@ -483,6 +544,8 @@ class Runner:
             ]
             counters = counter_frame(events)
         columns = self.replicas[0].request_columns()
+        if self.gateway is not None:
+            columns |= self.gateway.request_columns()
         if self.pools is None:
             return self.assemble(parts, counters, columns)
         timeline = self.assemble(parts, counters, columns | self.pools.request_columns())

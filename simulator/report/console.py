@@ -106,6 +106,9 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"mean {_fmt(wait['mean'], 4)} s, transfer mean {_fmt(took['mean'], 4)} s "
             f"(p99 {_fmt(took['p99'], 4)} s)"
         )
+    tiers = summary.get("tiers")
+    if tiers is not None:
+        lines.append(format_tiers(tiers))
     replicas = summary.get("replicas") or []
     if len(replicas) > 1:
         lines.append(format_replicas(replicas))
@@ -118,6 +121,30 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"{summary['wasted_tokens']}, completed {inter['service_provided']} of "
             f"{inter['interactions_ended']} ended, completion time mean {_fmt(lat['mean'])} s",
         )
+    return "\n".join(lines)
+
+
+def format_tiers(block: dict[str, Any]) -> str:
+    """One line per SLO class: its requests, what the gateway turned away, its TTFT, and the
+    service gap between its tenants (the `tiers` block of summary.json)."""
+    lines = ["SLO class      requests   done  rejected  TTFT mean  TTFT p99  Max Diff  Jain"]
+    for name, t in block["tiers"].items():
+        fair = t.get("fairness") or {}
+        lines.append(
+            f"{name:<14}{t['requests']:>9}{t['completed']:>7}{sum(t['rejected'].values()):>10}"
+            f"{_fmt(t['ttft_mean_s']):>11}{_fmt(t['ttft_p99_s']):>10}"
+            f"{_fmt(fair.get('max_diff'), 2):>10}{_fmt(fair.get('jain_index'), 2):>6}"
+        )
+    reasons: dict[str, int] = {}
+    for t in block["tiers"].values():
+        for reason, n in t["rejected"].items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    if reasons:
+        lines.append("  rejected: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
+    lines.append(
+        "  (TTFT in seconds; Max Diff: the largest gap in service rate, tok/s, between the "
+        "class's tenants; Jain: 1 = equal service; '-': one tenant)"
+    )
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ from simulator.core.timeline import Timeline
 from simulator.metrics import interactions, latency, replicas
 from simulator.metrics.fairness import fairness_summary, tick_span
 from simulator.metrics.replicas import StepTotals
+from simulator.metrics.tiers import tier_summary
 
 FILES = ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json")
 STATUS_FILE = "job.json"
@@ -123,6 +124,10 @@ def summarize(
         moved = {k: v for k, v in timeline.info.items() if k.startswith("cpu_kv_bytes_")}
         if moved:  # a CPU tier
             extra["vllm"]["cpu_tier"] = moved
+    if "slo_class" in requests:  # SLO classes (the gateway's)
+        extra["tiers"] = tier_summary(
+            requests, facts.last_tokens, total=tick_span(timeline.info.get("end_time"))
+        )
     if "prefill_replica" in requests:  # disaggregated pools
         extra["disaggregation"] = replicas.disaggregation(requests)
     if "replica" in requests:  # simulated (a measured run sees no replicas)
