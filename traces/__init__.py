@@ -1,7 +1,7 @@
 """Requests: the validated `Trace` schema, seeded synthetic workloads, trace-file loaders and
 transforms, and built-in tenant mixes."""
 
-from traces.arrivals import Gamma, LinearRamp, OnOff, Phase, Piecewise, Poisson, Uniform
+from traces.arrivals import Diurnal, Gamma, LinearRamp, OnOff, Phase, Piecewise, Poisson, Uniform
 from traces.closed_loop import ClosedLoop
 from traces.inference_perf import InferencePerfWorkload
 from traces.lengths import Empirical, Fixed, LogNormal, UniformInt
@@ -53,6 +53,7 @@ __all__ = [
     "load_vtc_real",
     "ClientSpec",
     "ClosedLoop",
+    "Diurnal",
     "Empirical",
     "Fixed",
     "Gamma",

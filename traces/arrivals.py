@@ -181,6 +181,47 @@ class LinearRamp:
 
 
 @dataclass(frozen=True)
+class Diurnal:
+    """A day's rhythm: Poisson arrivals at rate(t) = rate x (1 + amplitude x cos(2 pi (t -
+    peak_at) / period)), i.e. `rate` on average, (1 + amplitude) x rate at `peak_at` (and every
+    `period` later), (1 - amplitude) x rate half a period away. A day compressed into
+    `period` seconds keeps its shape. Drawn exactly by thinning a Poisson process at the peak
+    rate."""
+
+    rate: float
+    period: float = 86400.0
+    amplitude: float = 0.5
+    peak_at: float = 50400.0  # 14:00 on a day of 86,400 s
+
+    def __post_init__(self) -> None:
+        _positive("Diurnal.rate", self.rate)
+        _positive("Diurnal.period", self.period)
+        if not (0 <= self.amplitude <= 1):
+            raise TraceError(f"Diurnal.amplitude must be within [0, 1], got {self.amplitude!r}")
+        if not np.isfinite(self.peak_at):
+            raise TraceError(f"Diurnal.peak_at must be a number of seconds, got {self.peak_at!r}")
+
+    def rate_at(self, t: np.ndarray | float) -> np.ndarray:
+        angle = 2 * np.pi * (np.asarray(t, dtype=float) - self.peak_at) / self.period
+        return self.rate * (1 + self.amplitude * np.cos(angle))
+
+    def times(self, duration: float, rng: np.random.Generator) -> np.ndarray:
+        peak = self.rate * (1 + self.amplitude)
+        candidates = _renewal(lambda k: rng.exponential(1.0 / peak, k), 1.0 / peak, duration)
+        keep = rng.random(candidates.shape[0]) * peak < self.rate_at(candidates)
+        return candidates[keep]
+
+    def scaled(self, factor: float) -> Diurnal:
+        return replace(self, rate=self.rate * factor)
+
+    def mean_rate(self, duration: float) -> float:
+        """The integral of rate(t) over [0, duration), divided by duration."""
+        w = 2 * np.pi / self.period
+        swing = np.sin(w * (duration - self.peak_at)) - np.sin(w * -self.peak_at)
+        return float(self.rate * (1 + self.amplitude * swing / (w * duration)))
+
+
+@dataclass(frozen=True)
 class Phase:
     duration: float
     process: ArrivalProcess | None  # None: silent phase

@@ -261,7 +261,13 @@ def what_ran(cfg: DictConfig) -> dict[str, Any]:
         if name:
             named[part] = name
     cluster = cfg.get("cluster")
-    if cluster is not None and int(cluster.get("replicas", 1)) > 1:
+    scaler = cluster.get("autoscaler") if cluster is not None else None
+    if scaler is not None and scaler.get("enabled"):
+        named["replicas"] = (
+            f"{scaler.min_replicas}-{scaler.max_replicas} autoscaled on {scaler.metric} "
+            f"({cluster.dispatcher})"
+        )
+    elif cluster is not None and int(cluster.get("replicas", 1)) > 1:
         named["replicas"] = f"{cluster.replicas} ({cluster.dispatcher})"
     gateway = cfg.get("gateway")
     if gateway is not None:

@@ -36,6 +36,7 @@ import numpy as np
 
 from simulator.core.errors import ConfigError
 from simulator.core.seam import CounterPolicy, Policy
+from simulator.engines.autoscaler import AutoscalerConfig
 from simulator.engines.disaggregation import DisaggregationConfig
 from simulator.engines.gateway import GatewayConfig
 from simulator.engines.step_model import StepModel
@@ -49,6 +50,14 @@ class Dispatcher:
 
     def __init__(self, replicas: int, client_of: list[int]) -> None:
         self.n, self.client_of = replicas, client_of
+        # which replicas may take requests now (an elastic fleet's ready ones; None: all)
+        self.available: list[bool] | None = None
+
+    def candidates(self) -> list[int]:
+        """The replicas a request may go to now, in index order."""
+        if self.available is None:
+            return list(range(self.n))
+        return [k for k in range(self.n) if self.available[k]]
 
     def check(self, policy: Policy) -> None:
         """Refuse a policy this dispatcher cannot work with (a clear error before the run)."""
@@ -82,6 +91,9 @@ class RoundRobin(Dispatcher):
     def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
         i = self._next % self.n
         self._next += 1
+        while self.available is not None and not self.available[i]:  # one is always ready
+            i = self._next % self.n
+            self._next += 1
         return i
 
 
@@ -89,7 +101,10 @@ class ClientAffinity(Dispatcher):
     static = True
 
     def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
-        return self.client_of[req] % self.n
+        if self.available is None:
+            return self.client_of[req] % self.n
+        ready = self.candidates()  # an elastic fleet: the client's place among the ready ones
+        return ready[self.client_of[req] % len(ready)]
 
 
 class LeastRequests(Dispatcher):
@@ -100,7 +115,7 @@ class LeastRequests(Dispatcher):
         self.outstanding: list[set[int]] = [set() for _ in range(replicas)]
 
     def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
-        i = min(range(self.n), key=lambda k: (self.load(k, replicas), k))
+        i = min(self.candidates(), key=lambda k: (self.load(k, replicas), k))
         self.outstanding[i].add(req)
         return i
 
@@ -144,11 +159,12 @@ class D2LPM(Dispatcher):
         cached = [getattr(model, "cached_tokens_now", None) for model in replicas]
         if any(lookup is None for lookup in cached):
             raise ConfigError("cluster.dispatcher=d2lpm needs engine=vllm (its prefix caches)")
-        if max(self.credit) <= 0:
-            rounds = min(int(-c // self.quantum) + 1 for c in self.credit)
+        ready = self.candidates()  # (an elastic fleet: the ready ones)
+        if max(self.credit[k] for k in ready) <= 0:
+            rounds = min(int(-self.credit[k] // self.quantum) + 1 for k in ready)
             self.credit = [c + rounds * self.quantum for c in self.credit]
         matches = [lookup(req) for lookup in cached]  # type: ignore[misc]
-        eligible = [k for k in range(self.n) if self.credit[k] > 0]
+        eligible = [k for k in ready if self.credit[k] > 0]
         best = max(eligible, key=lambda k: (matches[k], self.credit[k], -k))
         work = replicas[best].remaining_tokens(req) - matches[best]
         self.credit[best] -= work
@@ -259,6 +275,8 @@ class Scored(Dispatcher):
         total = np.zeros(self.n)
         for name, weight in self.weights:
             total += weight * self._score(name, req, replicas)
+        if self.available is not None:
+            total[~np.array(self.available)] = -np.inf
         best = int(np.argmax(total))  # the first of equal scores: the lowest index
         self.outstanding[best].add(req)
         self._remember(req, best, replicas[best])
@@ -363,6 +381,9 @@ class ClusterConfig:
     routing: RoutingConfig | Mapping[str, Any] = field(default_factory=RoutingConfig)
     # the gateway in front of the replicas (simulator/engines/gateway.py; the `gateway:` block)
     gateway: GatewayConfig | None = None
+    # an elastic fleet (simulator/engines/autoscaler.py): `replicas` at the start, then as the
+    # autoscaler decides, between its min_replicas and max_replicas
+    autoscaler: AutoscalerConfig | Mapping[str, Any] = field(default_factory=AutoscalerConfig)
 
     def __post_init__(self) -> None:
         if int(self.replicas) != self.replicas or self.replicas < 1:
@@ -389,6 +410,7 @@ class ClusterConfig:
             raise ConfigError(
                 f"cluster.dispatcher must be one of {tuple(DISPATCHERS)}, got {self.dispatcher!r}"
             )
+        self._check_autoscaler()
 
     def _check_pools(self) -> None:
         for key in ("prefill_replicas", "decode_replicas"):
@@ -430,6 +452,52 @@ class ClusterConfig:
                     f"got {name!r} (pools route each request; counters: shared shares a policy)"
                 )
 
+    def _check_autoscaler(self) -> None:
+        a = self.autoscaler
+        if isinstance(a, Mapping):
+            accepted = sorted(f.name for f in fields(AutoscalerConfig))
+            unknown = sorted(set(a) - set(accepted))
+            if unknown:
+                raise ConfigError(
+                    f"cluster.autoscaler: unknown key(s) {unknown}; accepted: {accepted}"
+                )
+            a = AutoscalerConfig(**a)
+            object.__setattr__(self, "autoscaler", a)
+        assert isinstance(a, AutoscalerConfig)
+        if not a.enabled:
+            return
+        if not a.min_replicas <= self.replicas <= a.max_replicas:
+            raise ConfigError(
+                f"cluster.replicas={self.replicas} (the fleet at the start) must be within "
+                f"cluster.autoscaler.min_replicas={a.min_replicas} and "
+                f"max_replicas={a.max_replicas}"
+            )
+        if self.disaggregated:
+            raise ConfigError(
+                "cluster.autoscaler scales co-located replicas only: leave it disabled with "
+                "cluster.prefill_replicas"
+            )
+        if DISPATCHERS[self.dispatcher].shared:
+            raise ConfigError(
+                f"cluster.autoscaler needs a dispatcher that routes each request (the replicas "
+                f"leaving must stop taking work), not cluster.dispatcher={self.dispatcher}; "
+                "for one set of counters across the fleet use the gateway's flow control "
+                "(gateway.flow_control.fairness=vtc)"
+            )
+
+    @property
+    def elastic(self) -> bool:
+        """An autoscaler adds and removes replicas."""
+        return isinstance(self.autoscaler, AutoscalerConfig) and self.autoscaler.enabled
+
+    @property
+    def fleet_size(self) -> int:
+        """Replicas built for the run: all that may ever serve."""
+        if self.elastic:
+            assert isinstance(self.autoscaler, AutoscalerConfig)
+            return self.autoscaler.max_replicas
+        return self.replicas
+
     @property
     def disaggregated(self) -> bool:
         """A prefill pool and a decode pool instead of co-located replicas."""
@@ -445,4 +513,4 @@ class ClusterConfig:
 
     def make_dispatcher(self, client_of: list[int]) -> Dispatcher:
         assert isinstance(self.routing, RoutingConfig)
-        return make_dispatcher(self.dispatcher, self.replicas, client_of, self.routing)
+        return make_dispatcher(self.dispatcher, self.fleet_size, client_of, self.routing)

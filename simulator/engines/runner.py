@@ -40,6 +40,14 @@ from simulator.core.seam import CounterPolicy, Finished, Policy
 from simulator.core.timeline import SpillPlan, Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.assemble import ReplicaPart, assemble_timeline, counter_frame, counter_logs
+from simulator.engines.autoscaler import (
+    DRAINING,
+    LOADING,
+    READY,
+    Autoscaler,
+    AutoscalerConfig,
+    Fleet,
+)
 from simulator.engines.dispatch import ClusterConfig, Dispatcher
 from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
 from simulator.engines.gateway import QUEUED, Gateway
@@ -99,7 +107,7 @@ class Runner:
         self.dispatcher = cluster.make_dispatcher(self.state.client_of)
         self.dispatcher.check(policy)
         self.dispatcher.see_trace(trace)
-        n, shared = cluster.replicas, self.dispatcher.shared
+        n, shared = cluster.fleet_size, self.dispatcher.shared
         # prefill and decode pools (simulator/engines/pools.py) instead of co-located replicas
         self.pools = (
             DisaggregatedPools(self, cluster, policy, engine, cost)
@@ -127,13 +135,16 @@ class Runner:
             if gateway is not None and gateway.active
             else None
         )
-        self._gateway_or_pools = self.gateway is not None or self.pools is not None
-        self.coupled = (
-            not self.dispatcher.static
-            or (trace.chained and n > 1)
-            or self.pools is not None
-            or self.gateway is not None
-        )
+        # an elastic fleet (simulator/engines/autoscaler.py): replicas that load, serve, drain
+        self.fleet = Fleet(n, cluster.replicas) if cluster.elastic else None
+        if self.fleet is not None:
+            assert isinstance(cluster.autoscaler, AutoscalerConfig)
+            self.autoscaler = Autoscaler(cluster.autoscaler)
+            self.dispatcher.available = self.fleet.available
+            self.under_provisioned = np.zeros(len(trace), dtype=bool)  # arrived short of replicas
+            self.routed_to: list[set[int]] = [set() for _ in range(n)]  # requests not yet ended
+        self._hears_ends = any(x is not None for x in (self.gateway, self.pools, self.fleet))
+        self.coupled = not self.dispatcher.static or (trace.chained and n > 1) or self._hears_ends
         # a request is sent at its arrival time and reaches the engine's queue this much later
         # (a cost model's front end: HTTP, tokenizing); its latencies count from the send
         self.frontend = float(getattr(cost, "frontend_latency", 0.0))
@@ -193,10 +204,12 @@ class Runner:
 
     def _dispatch(self, req: int, now: float) -> None:
         """Coupled replicas: an arrival, through the gateway if there is one, then routed."""
+        if self.fleet is not None and self.fleet.wanted > self.fleet.count(READY):
+            self.under_provisioned[req] = True
         gateway = self.gateway
         if gateway is not None:
             self.state.arrival[req] = now - self.frontend
-            reason = gateway.arrive(req, now, self.replicas)
+            reason = gateway.arrive(req, now, self._serving())
             if reason is not None:
                 self._end(req, now, REJECTED, reason)
                 return
@@ -217,6 +230,8 @@ class Runner:
             return
         i = self.dispatcher.route(req, self.replicas, now)
         self.state.replica[req] = i
+        if self.fleet is not None:
+            self.routed_to[i].add(req)
         self.accept(i, req, now)
 
     def accept(self, replica: int, req: int, now: float) -> None:
@@ -266,7 +281,7 @@ class Runner:
         if Finished in policy.charged:
             for r in rows:
                 policy.charge(Finished(r, now))
-        if self.dispatcher.tracks_load or self.successor or self._gateway_or_pools:
+        if self.dispatcher.tracks_load or self.successor or self._hears_ends:
             for r in rows:
                 self._released(r, now)
 
@@ -275,6 +290,8 @@ class Runner:
         its think time."""
         if self.gateway is not None:
             self.gateway.ended(req, now, int(self.state.generated[req]))
+        if self.fleet is not None and self.state.replica[req] >= 0:
+            self.routed_to[int(self.state.replica[req])].discard(req)
         if self.pools is not None:
             self.pools.released(req, now)
         elif self.dispatcher.tracks_load:
@@ -321,6 +338,8 @@ class Runner:
                 self.env.process(self._scrape(scraped))
             if self.gateway is not None and self.gateway.flow.ttl is not None:
                 self.env.process(self._gateway_expiries())
+            if self.fleet is not None:
+                self.env.process(self._autoscale())
             for i in self.simulated:
                 rep = self.replicas[i]
                 self.env.process(self._coupled(rep) if self.coupled else self._standalone(rep))
@@ -432,6 +451,9 @@ class Runner:
             yield env.timeout(max(0.0, plan.end - env.now))
             self._stepping[rep.index] = None
             rep.apply(plan)  # now = plan.end
+            fleet = self.fleet
+            if fleet is not None and fleet.state[rep.index] == DRAINING and not rep.has_work():
+                fleet.release(rep.index, rep.now)  # drained: its GPU is free
             if self.gateway is not None:
                 self._pump(rep.now)  # the pool may have room now
             yield env.timeout(0)  # every replica applies its step before any decides
@@ -495,7 +517,13 @@ class Runner:
     def _pump(self, now: float) -> None:
         """Let the gateway dispatch what the pool has room for."""
         assert self.gateway is not None
-        self.gateway.pump(now, self.replicas, self._route, self.reject)
+        self.gateway.pump(now, self._serving(), self._route, self.reject)
+
+    def _serving(self) -> list[StepModel]:
+        """The replicas that take requests now (an elastic fleet's ready ones)."""
+        if self.fleet is None:
+            return self.replicas
+        return [rep for rep, ok in zip(self.replicas, self.fleet.available, strict=True) if ok]
 
     def _wake_gateway(self) -> None:
         if self._gateway_wake is not None and not self._gateway_wake.triggered:
@@ -515,6 +543,60 @@ class Runner:
             if self._past_horizon(env.now):
                 return
             self._pump(env.now)
+
+    # ---- the elastic fleet ------------------------------------------------------------------
+    def _autoscale(self) -> Generator[simpy.Event, None, None]:
+        """Every `interval` seconds: read the signal, decide, add or remove replicas; while
+        anything else may still happen."""
+        assert self.fleet is not None
+        env, interval = self.env, self.autoscaler.cfg.interval
+        while True:
+            if self._past_horizon(env.now):
+                return
+            if env.peek() == np.inf:  # nothing else is scheduled
+                if not self.pushed or self.frontier == np.inf:
+                    return
+                yield self._frontier_moved  # live: more arrivals may come
+                continue
+            yield env.timeout(interval)
+            self._scale(env.now)
+
+    def _load(self) -> float:
+        """The autoscaler's signal, summed over the ready replicas."""
+        assert self.fleet is not None
+        ready = [rep for rep, s in zip(self.replicas, self.fleet.state, strict=True) if s == READY]
+        metric = self.autoscaler.cfg.metric
+        if metric == "queue_depth":
+            waiting = self.gateway.queued if self.gateway is not None else 0
+            return float(sum(len(rep.queue) for rep in ready) + waiting)
+        if metric == "kv_utilization":
+            return float(sum(rep.steps.last_kv / rep.pool_tokens for rep in ready))
+        return float(
+            sum(rep.remaining_tokens(r) for rep in ready for r in self.routed_to[rep.index])
+        )
+
+    def _scale(self, now: float) -> None:
+        fleet = self.fleet
+        assert fleet is not None
+        provisioned = fleet.count(LOADING, READY)
+        wanted = self.autoscaler.recommend(now, self._load(), provisioned)
+        fleet.wanted = wanted
+        for _ in range(wanted - provisioned):
+            i = fleet.add(now)
+            if i is not None:
+                self.env.process(self._loading(i, now + self.autoscaler.delay()))
+        for _ in range(provisioned - wanted):
+            i = fleet.remove(now)
+            if fleet.state[i] == DRAINING and not self.replicas[i].has_work():
+                fleet.release(i, now)
+
+    def _loading(self, i: int, ready_at: float) -> Generator[simpy.Event, None, None]:
+        """Replica `i` loads until `ready_at`; then it takes requests (the gateway may send)."""
+        assert self.fleet is not None
+        yield self.env.timeout(max(0.0, ready_at - self.env.now))
+        self.fleet.loaded(i, ready_at)
+        if self.gateway is not None:
+            self._pump(ready_at)
 
     def _arrivals(self) -> Generator[simpy.Event, None, None]:
         """Coupled replicas: deliver arrivals while every replica is idle."""
@@ -546,10 +628,16 @@ class Runner:
         columns = self.replicas[0].request_columns()
         if self.gateway is not None:
             columns |= self.gateway.request_columns()
-        if self.pools is None:
-            return self.assemble(parts, counters, columns)
-        timeline = self.assemble(parts, counters, columns | self.pools.request_columns())
-        timeline.info.update(self.pools.info())
+        if self.fleet is not None:
+            columns |= {"under_provisioned": self.under_provisioned}
+        if self.pools is not None:
+            columns |= self.pools.request_columns()
+        timeline = self.assemble(parts, counters, columns)
+        if self.pools is not None:
+            timeline.info.update(self.pools.info())
+        if self.fleet is not None:
+            self.fleet.close(max(rep.now for rep in self.replicas))
+            timeline.info["fleet"] = self.fleet.report()
         return timeline
 
     def replica_part(self, rep: StepModel) -> ReplicaPart:

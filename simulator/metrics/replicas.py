@@ -155,3 +155,26 @@ def disaggregation(requests: pd.DataFrame) -> dict[str, Any]:
         "decode_admission_wait": stats(waited),
         "kv_transfer_time": stats(took),
     }
+
+
+def fleet_summary(fleet: dict[str, Any], requests: pd.DataFrame) -> dict[str, Any]:
+    """An elastic fleet's run (the runner's `fleet` info): GPU-seconds held, the replicas over
+    time as [time, ready, loading, draining] after each change, the most ready at once, and the
+    requests that arrived while the autoscaler wanted more replicas than were ready."""
+    state: dict[int, str] = {}
+    series: list[list[float]] = []
+    for t, replica, s in fleet["changes"]:
+        state[int(replica)] = str(s)
+        counts = [sum(v == k for v in state.values()) for k in ("ready", "loading", "draining")]
+        if series and series[-1][0] == t:
+            series[-1] = [t, *counts]
+        else:
+            series.append([t, *counts])
+    short = requests["under_provisioned"].to_numpy(dtype=bool)
+    return {
+        "gpu_seconds": float(fleet["gpu_seconds"]),
+        "max_ready": int(max((row[1] for row in series), default=0)),
+        "replicas_over_time": series,
+        "under_provisioned_requests": int(short.sum()),
+        "under_provisioned_completed": int((short & (requests["status"] == "completed")).sum()),
+    }

@@ -109,6 +109,14 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
     tiers = summary.get("tiers")
     if tiers is not None:
         lines.append(format_tiers(tiers))
+    fleet = summary.get("autoscaler")
+    if fleet is not None:
+        lines.append(
+            f"autoscaler: {_fmt(fleet['gpu_seconds'] / 3600, 2)} GPU-hours, at most "
+            f"{fleet['max_ready']} replicas ready, {fleet['under_provisioned_requests']} "
+            "requests arrived while fewer were ready than wanted "
+            f"({fleet['under_provisioned_completed']} of them completed)"
+        )
     replicas = summary.get("replicas") or []
     if len(replicas) > 1:
         lines.append(format_replicas(replicas))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.report.console import format_fairness, format_qoe, format_slos, format_summary
-from simulator.report.pictures import KV_FILE, SERVICE_FILE, run_title
+from simulator.report.pictures import FLEET_FILE, KV_FILE, SERVICE_FILE, run_title
 from simulator.report.run_folder import write_text_atomically
 
 REPORT_FILE = "report.html"
@@ -21,6 +21,7 @@ REPORT_FILE = "report.html"
 CAPTIONS = {
     SERVICE_FILE: "Service each client received: cumulative, and per second over a window",
     KV_FILE: "KV-pool use, running batch and waiting queue over time",
+    FLEET_FILE: "Replicas over time under the autoscaler, and the requests waiting",
     "metrics/ttfc.png": "Time to first token (TTFC), per client",
     "metrics/tbc.png": "Gaps between output tokens (TBC), per client",
     "metrics/tpot.png": "Time per output token (TPOT), per client",

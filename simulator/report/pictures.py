@@ -26,6 +26,7 @@ MAX_LINES = 8  # clients drawn one by one; past that the largest 7 and the rest 
 SERVICE_WINDOW = 60.0  # seconds: the VTC paper's window for service rates
 SERVICE_FILE = "service_over_time.png"
 KV_FILE = "kv_and_batch.png"
+FLEET_FILE = "replicas_over_time.png"  # an elastic fleet's runs only
 
 
 def save_png(fig: Any, path: Path, dpi: int = 90) -> None:
@@ -84,6 +85,7 @@ class RunPictures:
     waiting: np.ndarray  # requests arrived and not yet admitted
     pool_tokens: int
     replicas: int
+    fleet: np.ndarray | None = None  # an elastic fleet: [time, ready, loading, draining] rows
 
 
 def run_pictures(
@@ -130,6 +132,11 @@ def run_pictures(
         waiting=_waiting(requests, times),
         pool_tokens=pool,
         replicas=replicas,
+        fleet=(
+            np.array(summary["autoscaler"]["replicas_over_time"], dtype=float)
+            if "autoscaler" in summary
+            else None
+        ),
     )
 
 
@@ -162,9 +169,38 @@ def _waiting(requests: pd.DataFrame, times: np.ndarray) -> np.ndarray:
 
 
 def draw_run_pictures(folder: Path, pictures: RunPictures) -> None:
-    """service_over_time.png and kv_and_batch.png in `folder`."""
+    """service_over_time.png and kv_and_batch.png in `folder` (and replicas_over_time.png for
+    an elastic fleet)."""
     _draw_service(folder / SERVICE_FILE, pictures)
     _draw_engine(folder / KV_FILE, pictures)
+    if pictures.fleet is not None:
+        _draw_fleet(folder / FLEET_FILE, pictures)
+
+
+def _draw_fleet(path: Path, p: RunPictures) -> None:
+    from matplotlib.figure import Figure
+
+    assert p.fleet is not None
+    end = float(p.times[-1])
+    rows = np.vstack([p.fleet, [end, *p.fleet[-1, 1:]]]) if len(p.fleet) else p.fleet
+    fig = Figure(figsize=(8, 5))
+    fleet_ax, queue_ax = fig.subplots(2, 1, sharex=True)
+    held = rows[:, 1] + rows[:, 2] + rows[:, 3]
+    fleet_ax.plot(rows[:, 0], held, color="tab:orange", drawstyle="steps-post",
+                  label="holding a GPU (loading, ready or draining)")  # fmt: skip
+    fleet_ax.plot(rows[:, 0], rows[:, 1], color="tab:blue", drawstyle="steps-post", label="ready")
+    fleet_ax.set_ylabel("replicas")
+    fleet_ax.legend(fontsize=8, loc="upper left")
+    queue_ax.plot(p.times, p.waiting, color="tab:red", drawstyle="steps-post")
+    queue_ax.set_ylabel("waiting\n(requests)")
+    queue_ax.set_xlabel("simulated time (s)")
+    for ax in (fleet_ax, queue_ax):
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    fleet_ax.set_title("Replicas over time (autoscaler)", fontsize=11)
+    fig.suptitle(p.title, fontsize=8, color="0.3")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    save_png(fig, path)
 
 
 def _draw_service(path: Path, p: RunPictures) -> None:

@@ -128,6 +128,8 @@ def summarize(
         extra["tiers"] = tier_summary(
             requests, facts.last_tokens, total=tick_span(timeline.info.get("end_time"))
         )
+    if "fleet" in timeline.info:  # an elastic fleet
+        extra["autoscaler"] = replicas.fleet_summary(timeline.info["fleet"], requests)  # type: ignore[arg-type]
     if "prefill_replica" in requests:  # disaggregated pools
         extra["disaggregation"] = replicas.disaggregation(requests)
     if "replica" in requests:  # simulated (a measured run sees no replicas)
