@@ -3,6 +3,7 @@ import pytest
 
 from traces import (
     ClientSpec,
+    Diurnal,
     Empirical,
     Fixed,
     Gamma,
@@ -119,6 +120,22 @@ def test_linear_ramp_poisson_follows_the_intensity():
     first, second = (t < 500).sum(), (t >= 500).sum()
     # expected counts: integral of the rate over each half = 1500 and 3500
     assert abs(first - 1500) < 150 and abs(second - 3500) < 250
+
+
+def test_diurnal_arrivals_follow_the_day():
+    day = Diurnal(rate=10.0, period=1000.0, amplitude=0.8, peak_at=500.0)
+    t = day.times(2000.0, _rng(5))
+    # expected per quarter of a day: the integral of 10 (1 + 0.8 cos(2 pi (t - 500) / 1000))
+    # = 2500 -+ 8000 / (2 pi) = 1226.8 (night quarters) or 3773.2 (day quarters)
+    counts = np.histogram(t, bins=8, range=(0, 2000))[0]
+    expected = np.tile([1226.8, 3773.2, 3773.2, 1226.8], 2)
+    assert (np.abs(counts - expected) < 4 * np.sqrt(expected)).all()
+    grid = np.linspace(0, 300, 300_001)
+    assert day.mean_rate(300.0) == pytest.approx(day.rate_at(grid).mean(), rel=1e-4)
+    assert day.mean_rate(1000.0) == pytest.approx(10.0)
+    assert day.scaled(2.0).mean_rate(1000.0) == pytest.approx(20.0)
+    with pytest.raises(TraceError, match="amplitude must be within"):
+        Diurnal(rate=1.0, amplitude=1.5)
 
 
 def test_piecewise_offsets_phases():
