@@ -27,6 +27,10 @@ batch at every step, which the algorithm needs, alone costs about an FCFS step.
 At `--rate-scale 40`: VTC 1.78x, LCF 1.76x, DRR 1.78x, priority 1.13x, LPM 1.22x, DLPM 2.03x,
 Andes 16.8x (75.5 s against FCFS 4.5 s).
 
+2026-11-26, a later session: a single decode step's charge at a constant price is summed in
+plain floats (`TokenCharges.decode_step`), same counters and log bit for bit. Rate 10, the same
+process before/after: VTC 1.83x -> 1.60x, DRR 1.73x -> 1.57x, DLPM 1.95x -> 1.82x.
+
 Usage: python benchmarks/policy_overload.py [--rate-scale 10] [--policies fcfs,lpm,...]
 """
 

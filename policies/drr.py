@@ -117,7 +117,16 @@ class DRR(BasePolicy):
             self.credit[c] -= cost
             self.log.add(event.now, c, -cost, float(self.credit[c]), PROMPT)
         elif isinstance(event, OutputTokens):
-            for c, incs in self.charges.decode(event.rows, event.clients, event.step_ends.shape[0]):
+            steps = event.step_ends.shape[0]
+            one = self.charges.decode_step(event.clients) if steps == 1 else None
+            if one is not None:  # one step: the same sums as below, without numpy per client
+                t = float(event.step_ends[0])
+                for c, inc in one:
+                    value = float(self.credit[c]) - inc
+                    self.credit[c] = value
+                    self.log.add(t, c, -inc, value, DECODE)
+                return
+            for c, incs in self.charges.decode(event.rows, event.clients, steps):
                 values = sequential_sum(float(self.credit[c]), -incs)
                 self.credit[c] = values[-1]
                 self.log.add_many(event.step_ends, c, -incs, values, DECODE)

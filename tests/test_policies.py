@@ -337,3 +337,22 @@ def test_counter_log_frame_keeps_every_event_with_its_client_and_cause_in_time_o
     ]
     assert frame.value.tolist() == [10.0, 11.0, 5.0, 12.0, 7.0, 13.0]
     assert frame.delta.tolist() == [10.0, 1.0, 5.0, 1.0, 2.0, 1.0]
+
+
+@pytest.mark.parametrize("make", [VTC, lambda: VTC(weights={"c0": 2.0}), DRR, LCF])
+def test_a_single_steps_charge_in_plain_floats_logs_what_the_numpy_path_logs(make, monkeypatch):
+    """`TokenCharges.decode_step` (one step at a constant price, the common case) and the
+    general `decode` give the same counters and the same log, bit for bit."""
+    from policies.charging import TokenCharges
+    from simulator.engines import VLLMConfig
+
+    tr = random_trace(seed=4, n=120, clients=3, max_prompt=300, max_output=60, rate=6.0)
+    engine = VLLMConfig(pool_tokens=3000, fast_forward=False)  # one step per charge
+    fast = make()
+    simulate(tr, fast, a10g_cost(), engine)
+    monkeypatch.setattr(TokenCharges, "decode_step", lambda self, clients: None)
+    general = make()
+    simulate(tr, general, a10g_cost(), engine)
+    a, b = fast.counter_events(), general.counter_events()
+    assert len(a) > 1000
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
