@@ -516,8 +516,10 @@ class Runner:
     # ---- the gateway ----------------------------------------------------------------------
     def _pump(self, now: float) -> None:
         """Let the gateway dispatch what the pool has room for."""
-        assert self.gateway is not None
-        self.gateway.pump(now, self._serving(), self._route, self.reject)
+        gateway = self.gateway
+        assert gateway is not None
+        if gateway.queued or gateway.expiries:  # (nothing waits: nothing to do)
+            gateway.pump(now, self._serving(), self._route, self.reject)
 
     def _serving(self) -> list[StepModel]:
         """The replicas that take requests now (an elastic fleet's ready ones)."""
