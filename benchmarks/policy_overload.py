@@ -29,7 +29,9 @@ Andes 16.8x (75.5 s against FCFS 4.5 s).
 
 2026-11-26, a later session: a single decode step's charge at a constant price is summed in
 plain floats (`TokenCharges.decode_step`), same counters and log bit for bit. Rate 10, the same
-process before/after: VTC 1.83x -> 1.60x, DRR 1.73x -> 1.57x, DLPM 1.95x -> 1.82x.
+process before/after: VTC 1.83x -> 1.60x, DRR 1.73x -> 1.57x, DLPM 1.95x -> 1.82x. At
+`--rate-scale 40` after (FCFS 4.86 s): VTC 1.61x, LCF 1.65x, DRR 1.59x, priority 1.21x,
+LPM 1.22x, DLPM 1.77x; Andes is the one policy above 2x.
 
 Usage: python benchmarks/policy_overload.py [--rate-scale 10] [--policies fcfs,lpm,...]
 """
