@@ -13,8 +13,15 @@ rates (tp GPUs share every term):
 - `allreduce_calls`: how many all-reduces (2 per layer at tp > 1): their fixed latency;
 - `requests`: R, the per-request work of the serving loop (sampling, detokenizing, streaming);
 - `step`: 1, the loop's own time per step.
-Step time = sum of coefficient x term. `frontend_latency` is the time from a client's send to
-the engine's queue (HTTP, tokenizing): TTFT and E2E as the client measures them include it.
+Step time = sum of coefficient x term. `frontend_latency` is the time a client's request and
+its tokens spend outside the engine's steps (HTTP, tokenizing, the output pipeline that
+detokenizes and streams): TTFT and E2E as the client measures them include it. It is a fixed
+part plus `frontend_steps` times the model's reference step (a decode step of
+`REFERENCE_BATCH` requests, this model on this GPU at this tp: enough tokens that a mixture of
+experts reads nearly every expert, as its serving steps do): the measured runs' TTFT is about six
+of their decode steps on every model (Llama-2-7B 24 ms at 3.6 ms per token, Llama-2-70B 51-55 ms
+at 8.6-9.3 ms), so what a request waits outside the GPU work grows with the step time; it is
+not a constant of the server.
 
 `fairsim-fit` fits the coefficients to the training runs and writes the shipped file
 (`cost_models/data/fitted/coefficients.json`, with its provenance); `coefficients=PATH` reads
@@ -35,14 +42,17 @@ from cost_models.roofline import RooflineCost
 
 TERMS = ("weights", "matmul", "attention", "allreduce", "allreduce_calls", "requests", "step")
 SHIPPED = Path(__file__).parent / "data" / "fitted" / "coefficients.json"
+REFERENCE_BATCH = 32  # requests in the reference step the front end's latency is counted in
 
 
-def read_coefficients(path: str | Path) -> tuple[dict[str, float], float]:
-    """The step-term coefficients and the front-end latency of a coefficient file."""
+def read_coefficients(path: str | Path) -> tuple[dict[str, float], float, float]:
+    """The step-term coefficients, the front end's fixed latency and its latency in reference
+    steps (`frontend_steps`, 0 where the file has none) of a coefficient file."""
     try:
         data = json.loads(Path(path).read_text())
         coefficients = {t: float(data["coefficients"][t]) for t in TERMS}
         frontend = float(data["frontend_latency"])
+        steps = float(data.get("frontend_steps", 0.0))
     except FileNotFoundError:
         raise CostModelError(f"cost_model.coefficients={path}: no such file") from None
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
@@ -50,9 +60,9 @@ def read_coefficients(path: str | Path) -> tuple[dict[str, float], float]:
             f"{path}: not a fitted-coefficient file (needs coefficients.{'/'.join(TERMS)} and "
             f"frontend_latency): {err}"
         ) from None
-    if any(not (np.isfinite(v) and v >= 0) for v in [*coefficients.values(), frontend]):
+    if any(not (np.isfinite(v) and v >= 0) for v in [*coefficients.values(), frontend, steps]):
         raise CostModelError(f"{path}: every coefficient must be a number >= 0")
-    return coefficients, frontend
+    return coefficients, frontend, steps
 
 
 @dataclass(frozen=True)
@@ -65,15 +75,16 @@ class FittedCost(RooflineCost):
         super().__post_init__()
         self._use(*read_coefficients(self.coefficients or SHIPPED))
 
-    def with_coefficients(self, beta: dict[str, float], frontend: float) -> FittedCost:
+    def with_coefficients(
+        self, beta: dict[str, float], frontend: float, frontend_steps: float = 0.0
+    ) -> FittedCost:
         """The same model with other coefficients (the fit's iterates)."""
         other = replace(self)
-        other._use(dict(beta), float(frontend))
+        other._use(dict(beta), float(frontend), float(frontend_steps))
         return other
 
-    def _use(self, beta: dict[str, float], frontend: float) -> None:
+    def _use(self, beta: dict[str, float], frontend: float, frontend_steps: float = 0.0) -> None:
         object.__setattr__(self, "beta", beta)
-        object.__setattr__(self, "frontend_latency", frontend)
         m, g = self.model_spec, self.gpu_spec
         peak, bw = self.tp * g.flops_for(m.dtype_bytes), self.tp * g.hbm_bandwidth
         q_dim = m.heads * m.head_dim
@@ -84,6 +95,11 @@ class FittedCost(RooflineCost):
             (beta["attention"] * 4.0 * q_dim * m.layers / peak, m.kv_bytes_per_token / bw),
         )
         object.__setattr__(self, "_counts", {})
+        # timed by this class, whatever a subclass records of the run's steps
+        n = REFERENCE_BATCH
+        reference = FittedCost.one_step(self, n, n, float(n), float(n))
+        object.__setattr__(self, "reference_step", reference)
+        object.__setattr__(self, "frontend_latency", frontend + frontend_steps * reference)
 
     def term_matrix(
         self,

@@ -157,3 +157,32 @@ def test_the_sim2real_model_configs_load():
             m.params == MODELS[preset].params
             and m.kv_bytes_per_token == MODELS[preset].kv_bytes_per_token
         )
+
+
+def test_the_front_end_latency_is_its_fixed_part_plus_its_reference_steps(tmp_path):
+    """The front end's latency grows with the model's step: fixed + frontend_steps x a decode
+    step of REFERENCE_BATCH requests (which reads nearly every expert of a mixture)."""
+    from cost_models.fitted import REFERENCE_BATCH
+
+    small = FittedCost(model="llama-2-7b", gpu="h100")
+    beta = small.beta  # type: ignore[attr-defined]
+    n = REFERENCE_BATCH
+    for model, tp in (("llama-2-7b", 1), ("llama-2-70b", 4), ("mixtral-8x7b", 2)):
+        cost = FittedCost(model=model, gpu="h100", tp=tp).with_coefficients(beta, 0.004, 2.0)
+        reference = cost.one_step(n, n, float(n), float(n))
+        assert cost.reference_step == reference  # type: ignore[attr-defined]
+        assert cost.frontend_latency == pytest.approx(0.004 + 2.0 * reference)  # type: ignore[attr-defined]
+    big = FittedCost(model="llama-2-70b", gpu="h100", tp=4).with_coefficients(beta, 0.004, 2.0)
+    fixed = small.with_coefficients(beta, 0.004, 2.0)
+    assert big.frontend_latency > fixed.frontend_latency  # type: ignore[attr-defined]
+    # a mixture's reference step reads (nearly) every expert, not the top-k one token routes to
+    moe = FittedCost(model="mixtral-8x7b", gpu="h100", tp=2)
+    assert moe.one_step(n, n, float(n), float(n)) > 2.5 * moe.one_step(1, 1, 1.0, 1.0)
+    # a coefficient file without frontend_steps (written before the term) reads as 0
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"coefficients": beta, "frontend_latency": 0.01}))
+    assert FittedCost(model="llama-2-7b", coefficients=str(old)).frontend_latency == 0.01  # type: ignore[attr-defined]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"coefficients": beta, "frontend_latency": 0, "frontend_steps": -1}))
+    with pytest.raises(CostModelError, match=">= 0"):
+        FittedCost(coefficients=str(bad))

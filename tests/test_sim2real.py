@@ -104,7 +104,7 @@ def test_the_experiment_command_runs_as_written_and_writes_client_side_latencies
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["requests"] == 4 * 15 + 8 * 10 and summary["unfit_requests"] == {}
-    frontend = read_coefficients(SHIPPED)[1]
+    frontend = instantiate_parts(compose_config(overrides))[1].frontend_latency  # type: ignore[attr-defined]
     requests = pd.read_parquet(tmp_path / "out" / "requests.parquet")
     ttft = requests.first_token_at - requests.arrival
     assert (ttft > frontend).all()  # measured from the send, the front end included
@@ -112,8 +112,8 @@ def test_the_experiment_command_runs_as_written_and_writes_client_side_latencies
 
 def test_the_shipped_coefficients_name_their_training_runs_and_only_those():
     data = json.loads(SHIPPED.read_text())
-    coefficients, frontend = read_coefficients(SHIPPED)
-    assert set(coefficients) == set(TERMS) and frontend >= 0
+    coefficients, frontend, frontend_steps = read_coefficients(SHIPPED)
+    assert set(coefficients) == set(TERMS) and frontend >= 0 and frontend_steps >= 0
     fitted_on = data["provenance"]["fitted_on"]
     assert fitted_on and set(fitted_on) <= set(TRAINING)
     assert FittedCost(model="llama-2-7b", gpu="h100").beta == coefficients  # type: ignore[attr-defined]
@@ -133,12 +133,20 @@ def test_the_report_puts_the_published_errors_beside_fairsims():
 
 
 @pytest.mark.slow
-def test_the_fitted_model_predicts_a_validation_run_it_was_never_fitted_to():
-    """Llama-2-70B TP4 codegen on H100, a run the coefficients never saw: E2E and ITL within 5%,
-    TTFT within 20% (docs/sim2real.md: -1.7%, -2.3% and -18.7%)."""
-    runs = {r.name: r for r in load_runs(shared_file(RUNS))}
-    run = runs["llama-2-70b-hf-tp4-codegen"]
-    assert not run.training
-    sim = simulated_metrics(simulate_config(compose_config(experiment_overrides(run))))
-    for metric, tolerance in (("e2e_mean", 0.05), ("itl", 0.05), ("ttft_mean", 0.2)):
-        assert sim[metric] == pytest.approx(run.measured[metric], rel=tolerance), metric
+def test_the_fitted_model_predicts_the_validation_runs_within_the_published_best_errors():
+    """The 7 validation runs (never fitted to), each simulated by the user's command: the median
+    absolute errors of mean E2E, mean TTFT and ITL are at most BLIS trained-physics' published
+    6.8% / 18.4% / 6.5% over its evaluation, and below its errors on these same runs
+    (docs/sim2real.md: 3.5% / 4.9% / 4.4%)."""
+    runs = [r for r in load_runs(shared_file(RUNS)) if not r.training]
+    assert len(runs) == 7
+    errors: dict[str, list[float]] = {"e2e_mean": [], "ttft_mean": [], "itl": []}
+    for run in runs:
+        sim = simulated_metrics(simulate_config(compose_config(experiment_overrides(run))))
+        for metric, found in errors.items():
+            found.append(abs(sim[metric] / run.measured[metric] - 1) * 100)
+    peers = PEERS["BLIS trained-physics"]
+    for metric, target in (("e2e_mean", 6.8), ("ttft_mean", 18.4), ("itl", 6.5)):
+        median = float(np.median(errors[metric]))
+        theirs = float(np.median([abs(peers[r.name][metric]) for r in runs]))
+        assert median <= target and median < theirs, (metric, median, target, theirs)

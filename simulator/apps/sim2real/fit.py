@@ -3,10 +3,11 @@ write the coefficient file with its provenance.
 
 The coefficients enter step times, and step times shape the batches, so the fit alternates:
 simulate every training run with the current coefficients; express each stage's mean E2E and
-mean TTFT as linear in them (a request's latency = the front-end latency + the time before the
-first whole step it waits for + the sum of the steps it spans, each step's time = coefficients x
-its physics terms, `FittedCost.term_matrix`); solve for non-negative coefficients that minimise
-the relative errors; repeat until they settle. Only the runs named in `TRAINING` are read, and
+mean TTFT as linear in them (a request's latency = the front end's fixed latency + its steps x
+the model's reference step under the current iterate + the time before the first whole step it waits
+for + the sum of the steps it spans, each step's time = coefficients x its physics terms,
+`FittedCost.term_matrix`); solve for non-negative coefficients that minimise the relative
+errors; repeat until they settle. Only the runs named in `TRAINING` are read, and
 of those the ones without failed requests: their clients' timeouts are queueing the simulation
 does not model.
 
@@ -126,9 +127,9 @@ def fit(runs: list[MeasuredRun], iterations: int = 12) -> dict[str, Any]:
     chosen = [r for r in runs if r.training and not r.overloaded]
     if not chosen:
         raise ConfigError("no training run without failed requests among the runs given")
-    beta, frontend = dict(START), 0.0
+    beta, frontend, frontend_steps = dict(START), 0.0, 0.0
     history: list[dict[str, float]] = []
-    best: tuple[float, dict[str, float], float] | None = None
+    best: tuple[float, dict[str, float], float, float] | None = None
     for _ in range(iterations):
         a_rows, b = [], []
         for run in chosen:
@@ -137,37 +138,41 @@ def fit(runs: list[MeasuredRun], iterations: int = 12) -> dict[str, Any]:
             assert isinstance(shipped, FittedCost)
             fields = {f.name: getattr(shipped, f.name) for f in dataclasses.fields(shipped)}
             cost = RecordedCost(**fields)
-            cost._use(beta, frontend)  # this iterate's coefficients
+            cost._use(beta, frontend, frontend_steps)  # this iterate's coefficients
+            reference = float(cost.reference_step)  # type: ignore[attr-defined]
             timeline = simulate(build_trace(cfg), policy, cost, engine, cluster)
             for terms, rest, measured in stage_rows(timeline, cost, run):
-                a_rows.append(np.append(terms, 1.0) / measured)  # relative error rows
+                # relative error rows: the step terms, the front end's fixed part, its steps
+                a_rows.append(np.append(terms, [1.0, reference]) / measured)
                 b.append(1.0 - rest / measured)
         data, target = np.array(a_rows), np.array(b)
         # this iterate's own relative errors, as simulated (the rows are exact at it)
-        errors = data @ np.array([*(beta[k] for k in TERMS), frontend]) - target
+        errors = data @ np.array([*(beta[k] for k in TERMS), frontend, frontend_steps]) - target
         score = float(errors @ errors)
         if best is None or score < best[0]:
-            best = (score, dict(beta), frontend)
-        prior = np.zeros((len(TERMS), len(TERMS) + 1))
+            best = (score, dict(beta), frontend, frontend_steps)
+        prior = np.zeros((len(TERMS), len(TERMS) + 2))
         for k, term in enumerate(TERMS):  # the prior: the roofline's own assumptions
             prior[k, k] = PRIOR_WEIGHT / PRIOR[term][1]
         centre = np.array([PRIOR_WEIGHT * PRIOR[t][0] / PRIOR[t][1] for t in TERMS])
         solution, _ = nnls(np.vstack([data, prior]), np.concatenate([target, centre]))
-        step = {k: float(v) for k, v in zip(TERMS, solution[:-1], strict=True)}
+        step = {k: float(v) for k, v in zip(TERMS, solution[:-2], strict=True)}
         # part of a step at a time, each coefficient at most doubled or halved: batches answer to
         # step times, which the linear model holds fixed
         new = {k: _bounded(beta[k], beta[k] + DAMPING * (step[k] - beta[k])) for k in TERMS}
-        frontend += DAMPING * (float(solution[-1]) - frontend)
+        frontend += DAMPING * (float(solution[-2]) - frontend)
+        frontend_steps += DAMPING * (float(solution[-1]) - frontend_steps)
         change = max(abs(new[k] - beta[k]) / PRIOR[k][1] for k in TERMS)
         history.append({"squared_relative_error": round(score, 6), "change": round(change, 6)})
         beta = new
         if change < 1e-3:
             break
     assert best is not None
-    _, beta, frontend = best  # the iterate whose simulation came closest
+    _, beta, frontend, frontend_steps = best  # the iterate whose simulation came closest
     return {
         "coefficients": beta,
         "frontend_latency": frontend,
+        "frontend_steps": frontend_steps,
         "runs": [r.name for r in chosen],
         "iterations": history,
     }
@@ -187,6 +192,7 @@ def _main(argv: list[str] | None) -> None:
     out = {
         "coefficients": result["coefficients"],
         "frontend_latency": result["frontend_latency"],
+        "frontend_steps": result["frontend_steps"],
         "provenance": {
             "command": "fairsim-fit --runs DIR",
             "fitted_on": result["runs"],
@@ -198,7 +204,8 @@ def _main(argv: list[str] | None) -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     read_coefficients(args.out)  # the file reads back
-    print(json.dumps({k: out[k] for k in ("coefficients", "frontend_latency")}, indent=2))
+    shown = ("coefficients", "frontend_latency", "frontend_steps")
+    print(json.dumps({k: out[k] for k in shown}, indent=2))
     print(f"fairsim-fit: wrote {args.out}", file=sys.stderr)
 
 
