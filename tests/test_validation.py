@@ -112,3 +112,43 @@ def test_table_without_the_vtc_tables_section_is_an_input_error_not_ignored(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--table chooses VTC tables" in err[0]
     assert not (tmp_path / "v.md").exists()
+
+
+def test_regenerating_one_section_keeps_every_other_one_and_recounts_the_total(tmp_path):
+    """`--section etalon` into an existing report replaces only the Etalon section and its
+    summary line; the other sections stay word for word and the total is recounted."""
+    other = validation.Section(
+        "Alpha paper",
+        "An intro that must survive.",
+        findings=[
+            validation.Finding("alpha/x", "Alpha · x", 1.0, [1.0, 1.0]),
+            validation.Finding("alpha/y", "Alpha · y", 5.0, [1.0, 1.0]),
+        ],
+    )
+    stale = validation.etalon_section()
+    stale.findings = stale.findings[:1]  # an Etalon section older than today's
+    out = tmp_path / "validation.md"
+    out.write_text(validation.render([other, stale], 2, "fairsim-validation") + "\n")
+    before = out.read_text()
+    assert "All 3 published numbers: 2 in [p5, p95], 0 within 15%, 1 out." in before
+    validation.main(["--section", "etalon", "--replications", "2", "--out", str(out)])
+    after = out.read_text()
+    alpha = before[before.index("## Alpha paper") : before.index("## Etalon")]
+    assert alpha in after and "- Alpha paper: 1 in [p5, p95], 0 within 15%, 1 out" in after
+    fresh = validation.etalon_section()
+    stalls = [r for r in _rows(after) if "stall" in r["what"]]
+    assert after.count("## Etalon") == 1 and len(stalls) == len(fresh.findings)
+    assert f"- Etalon: {len(fresh.findings)} in [p5, p95], 0 within 15%, 0 out" in after
+    total = 1 + len(fresh.findings)
+    assert f"All {total + 1} published numbers: {total} in [p5, p95], 0 within 15%, 1 out." in after
+    # a whole report anew (no --section) keeps a section written by hand, not the stale rest
+    whole = validation.render([fresh], 2, "fairsim-validation")
+    merged = validation.merge_into(after + "\n## By hand\n\nNotes.\n", whole, None)
+    etalon = whole[whole.index("## Etalon") :].rstrip("\n")
+    assert etalon in merged and merged.endswith("\n\n## By hand\n\nNotes.\n")
+    assert "## Alpha paper" in merged  # a section the new report lacks is kept too
+    # into a file that does not exist yet: a report of the chosen sections alone
+    validation.main(
+        ["--section", "etalon", "--replications", "2", "--out", str(tmp_path / "new.md")]
+    )
+    assert "## Alpha paper" not in (tmp_path / "new.md").read_text()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -609,6 +610,62 @@ def render(sections: list[Section], n: int, command: str) -> str:
     return "\n".join(lines)
 
 
+COUNTS = re.compile(r"(\d+) in \[p5, p95\], (\d+) within 15%, (\d+) out")
+
+
+def _parts(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """A report's head (up to its first `## ` heading) and its sections by title, in order,
+    each without trailing blank lines."""
+    head: list[str] = []
+    blocks: dict[str, list[str]] = {}
+    current = head
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = blocks.setdefault(line[3:], [])
+        current.append(line)
+    for lines in [head, *blocks.values()]:
+        while lines and not lines[-1].strip():
+            lines.pop()
+    return head, blocks
+
+
+def splice(base: str, other: str, titles: Sequence[str]) -> str:
+    """The report `base` with the sections named `titles`, and their summary lines where they
+    have one, taken from the report `other` (added at the end where `base` has none); the
+    total line is recounted from the summary lines."""
+    head, blocks = _parts(base)
+    other_head, other_blocks = _parts(other)
+    for title in titles:
+        blocks[title] = other_blocks[title]
+        line = [x for x in other_head if x == f"- {title}" or x.startswith(f"- {title}: ")]
+        if not line:
+            continue  # a section of its own (written by hand), outside the summary
+        mine = [i for i, x in enumerate(head) if x == f"- {title}" or x.startswith(f"- {title}: ")]
+        if mine:
+            head[mine[0]] = line[0]
+        else:  # a section `base` did not have: its line after the last one
+            head.insert(max(i for i, x in enumerate(head) if x.startswith("- ")) + 1, line[0])
+    found = [COUNTS.search(x) for x in head if x.startswith("- ")]
+    total = [sum(int(m.group(k)) for m in found if m) for k in (1, 2, 3)]
+    for i, x in enumerate(head):
+        if x.startswith("All ") and "published numbers" in x:
+            head[i] = (
+                f"All {sum(total)} published numbers: {total[0]} in [p5, p95], {total[1]} "
+                f"within 15%, {total[2]} out."
+            )
+    return "\n\n".join("\n".join(lines) for lines in [head, *blocks.values()]) + "\n"
+
+
+def merge_into(old: str, report: str, chosen: Sequence[str] | None) -> str:
+    """What to write over the report `old`: with `chosen` sections, `old` with those taken
+    from `report` (every other one stays as it was); with all of them (None), `report` and
+    the sections of `old` the command does not write (written by hand) after it."""
+    if chosen is not None:
+        return splice(old, report, chosen)
+    ours = _parts(report)[1]
+    return splice(report, old, [t for t in _parts(old)[1] if t not in ours])
+
+
 def sim2real_section(explicit: bool) -> Section | None:
     """Measured vLLM runs predicted (`fairsim-sim2real`'s report, its headings one level
     down). Without the data: an error when the section was asked for, else a note and None."""
@@ -642,7 +699,10 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--replications", type=int, default=20, help="runs per experiment (>= 2)")
     parser.add_argument("--out", default="docs/validation.md", help="the report (Markdown)")
     parser.add_argument(
-        "--section", action="append", choices=SECTIONS, help="only these sections (default: all)"
+        "--section",
+        action="append",
+        choices=SECTIONS,
+        help="only these sections (default: all); into an existing --out, the other sections stay",
     )
     parser.add_argument("--table", action="append", help="only these VTC tables (2, 3, 4, 5, 6)")
     parser.add_argument("--jobs", type=int, help="processes at once (default: one per CPU)")
@@ -674,8 +734,11 @@ def _main(argv: list[str] | None) -> None:
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["fairsim-validation", *given])
     report = render(sections, n, command)
+    if Path(args.out).exists():
+        chosen_titles = [s.title for s in sections] if args.section else None
+        report = merge_into(Path(args.out).read_text(), report, chosen_titles)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(Path(args.out), report + "\n")
+    write_text_atomically(Path(args.out), report.rstrip("\n") + "\n")
     every = [f for s in sections for f in s.findings]
     print(f"{args.out}: {len(every)} published numbers: {_counts(every)}")
     for f in every:
