@@ -49,8 +49,12 @@ class TokenCharges:
         service: LinearService | ProfiledService,
         weights: np.ndarray,
         predicted: np.ndarray | None = None,
+        before_step: bool = False,
     ) -> None:
         self.trace, self.h, self.weight = trace, service, weights
+        # the VTC artifact's router prices a decode step by the lengths before it (the token
+        # made by step k+1 costs h(n_p, k) - h(n_p, k - 1)); the paper, by the new token's
+        self.before_step = before_step
         self.prompt = trace.prompt_len  # a view: a live run fills rows as requests arrive
         self.predicted = predicted  # per request; None = no prediction
         self.generated = np.zeros(len(trace), dtype=np.int64)  # 0 until admitted
@@ -109,7 +113,8 @@ class TokenCharges:
                     out.append((c, np.full(steps, inc)))
             return out
         g = self.generated[running]
-        tokens = (g[:, None] + np.arange(1, steps + 1)[None, :]).astype(np.float64)
+        first = 0 if self.before_step else 1
+        tokens = (g[:, None] + np.arange(first, steps + first)[None, :]).astype(np.float64)
         p = self.prompt[running][:, None]
         inc = self.h(p, tokens) - self.h(p, tokens - 1.0)
         if self.predicted is not None:
@@ -121,6 +126,26 @@ class TokenCharges:
                 acc += inc[row]
             out.append((c, acc / self.weight[c]))
         return out
+
+    def again(self, rows: list[int]) -> list[tuple[int, float]]:
+        """The VTC artifact's second counter update in a step where a request finished: each
+        request of the step's batch pays for its latest token once more, h(n_p, L) -
+        h(n_p, L - 1) at its L tokens so far (with a prediction, only past it); per client, in
+        the batch's order."""
+        out: dict[int, float] = {}
+        client = self.trace.client
+        for r in rows:
+            c = int(client[r])
+            if self.constant_token_price is not None:
+                inc = self.constant_token_price
+            else:
+                tokens = float(self.generated[r])
+                if self.predicted is not None and not tokens > self.predicted[r]:
+                    continue
+                p = self.prompt[r]
+                inc = float(self.h(p, tokens)) - float(self.h(p, tokens - 1.0))
+            out[c] = out.get(c, 0.0) + inc / self.weight[c]
+        return list(out.items())
 
     def refund(self, req: int) -> float:
         """At finish: minus the over-prediction h(n_p, predicted) - h(n_p, actual), if any."""

@@ -13,6 +13,12 @@ Length prediction (Algorithm 3): "oracle" charges the output up front, exact or 
 > 0) drawn uniformly from [L(1 - r), L(1 + r)] (rounded) with the policy's own seeded stream;
 "moving_average" predicts each client's recent mean output; tokens past the prediction are charged
 as they come and an over-prediction is refunded at finish.
+Counting: "paper" (default) charges each output token as it comes, h(n_p, n_q) - h(n_p, n_q - 1)
+for the n_q-th; "artifact" does what the VTC artifact's router does (update_counter in its
+manager.py, twice in some steps): a decode step is charged with the lengths before it (the token
+it makes costs h(n_p, n_q - 1) - h(n_p, n_q - 2)), and a step in which a request finishes
+(a decode, or the prefill of a request with one output token) charges its whole batch, the
+finished ones included, once more for their latest token; with a prediction, both only past it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from traces.schema import Trace
 LIFTS = ("paper", "artifact", "none")
 VICTIMS = ("fcfs", "max_counter")
 PREDICTIONS = ("none", "oracle", "moving_average")
+COUNTINGS = ("paper", "artifact")
 NEVER = np.iinfo(np.int64).max
 
 
@@ -121,7 +128,7 @@ class VTC(LeastServed):
         output_price: float = 2.0,
         lift: str = "paper",
         weights: Mapping[str, float] | None = None,
-        finish_extra_charge: bool = False,
+        counting: str = "paper",
         service: str = "linear",
         prediction: str = "none",
         predict_range: float = 0.0,
@@ -130,6 +137,8 @@ class VTC(LeastServed):
     ) -> None:
         if lift not in LIFTS:
             raise ConfigError(f"policy.lift must be one of {LIFTS}, got {lift!r}")
+        if counting not in COUNTINGS:
+            raise ConfigError(f"policy.counting must be one of {COUNTINGS}, got {counting!r}")
         if prediction not in PREDICTIONS:
             raise ConfigError(f"policy.prediction must be one of {PREDICTIONS}, got {prediction!r}")
         if not (0.0 <= predict_range <= 1.0):
@@ -141,7 +150,7 @@ class VTC(LeastServed):
         self.lift, self.prediction = lift, prediction
         self.predict_range, self.seed = float(predict_range), int(seed)
         self.weights = dict(weights or {})
-        self.finish_extra_charge = finish_extra_charge
+        self.counting = counting
         self.victim_rule = self._check_victim(victim)
 
     def bind(self, trace: Trace) -> None:
@@ -158,9 +167,13 @@ class VTC(LeastServed):
         elif self.prediction == "moving_average":
             predicted = np.zeros(len(trace))  # filled in at admission from the client's mean
             self.mean_output = np.zeros(trace.num_clients)
-        self.charges = TokenCharges(trace, self.service, self.weight, predicted)
+        artifact = self.counting == "artifact"
+        self.charges = TokenCharges(trace, self.service, self.weight, predicted, artifact)
         self._charged_step = -1.0  # end time of the last step given the artifact's extra charge
-        self._last_step: tuple[float, np.ndarray] | None = None
+        self._last_step: tuple[float, np.ndarray] | None = None  # its end and its batch's rows
+        # artifact counting: the requests admitted together (one prefill), by request
+        self._admitted_with: dict[int, list[int]] = {}
+        self._admitting: tuple[float, list[int]] = (-1.0, [])
 
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         c = int(self.trace.client[req])
@@ -182,6 +195,11 @@ class VTC(LeastServed):
             predicted = self.charges.admit(req)
             if predicted:
                 self._charge(c, predicted, now, ADMIT)
+            if self.counting == "artifact":
+                if self._admitting[0] != now:
+                    self._admitting = (now, [])
+                self._admitting[1].append(req)
+                self._admitted_with[req] = self._admitting[1]
         return Verdict.ADMIT
 
     def charge(self, event: Charge) -> None:
@@ -201,13 +219,13 @@ class VTC(LeastServed):
                 value = float(self.counter[c]) + inc
                 self.counter[c] = value
                 self.log.add(t, c, inc, value, DECODE)
-            self._last_step = (t, clients)
+            self._last_step = (t, rows)
             return
         for c, incs in self.charges.decode(rows, clients, step_ends.shape[0]):
             values = sequential_sum(float(self.counter[c]), incs)
             self.counter[c] = values[-1]
             self.log.add_many(step_ends, c, incs, values, DECODE)
-        self._last_step = (float(step_ends[-1]), clients)
+        self._last_step = (float(step_ends[-1]), rows)
 
     def _finished(self, req: int, now: float) -> None:
         c = int(self.trace.client[req])
@@ -217,15 +235,26 @@ class VTC(LeastServed):
         if self.prediction == "moving_average":
             actual, old = float(self.trace.output_len[req]), self.mean_output[c]
             self.mean_output[c] = actual if old == 0 else (4.0 * old + actual) / 5.0
-        if self.finish_extra_charge and self._last_step is not None:
-            end, clients = self._last_step
-            if end == now and self._charged_step != now:
-                self._charged_step = now  # once per step, for everyone in that step's batch
-                counts = np.bincount(clients, minlength=self.counter.shape[0])
-                for k in np.flatnonzero(counts).tolist():
-                    self._charge(
-                        k, self.output_price * counts[k] / self.weight[k], now, FINISH_EXTRA
-                    )
+        if self.counting == "artifact":
+            self._charge_batch_again(req, now)
+
+    def _charge_batch_again(self, req: int, now: float) -> None:
+        """The artifact router updates the counters again after a step in which a request
+        finished, for the whole batch of that step (the finished ones included): a decode
+        step's, or the requests prefilled together when one ends at its first token."""
+        batch = self._admitted_with.pop(req, None)
+        if self.trace.output_len[req] == 1 and batch is not None:  # it ended at its prefill
+            rows = list(batch)
+            batch.clear()  # once per prefill, however many of its requests ended there
+        elif self._last_step is not None and self._last_step[0] == now:
+            if self._charged_step == now:
+                return  # once per step, however many of its requests finished
+            self._charged_step = now
+            rows = self._last_step[1].tolist()
+        else:
+            return
+        for c, inc in self.charges.again(rows):
+            self._charge(c, inc, now, FINISH_EXTRA)
 
 
 class LCF(VTC):
@@ -240,7 +269,14 @@ class LCF(VTC):
         weights: Mapping[str, float] | None = None,
         service: str = "linear",
         victim: str = "fcfs",
+        counting: str = "paper",
     ) -> None:
         super().__init__(
-            input_price, output_price, lift="none", weights=weights, service=service, victim=victim
+            input_price,
+            output_price,
+            lift="none",
+            weights=weights,
+            counting=counting,
+            service=service,
+            victim=victim,
         )

@@ -155,7 +155,7 @@ workloads = st.builds(
 policies = st.sampled_from(
     [
         lambda: VTC(),
-        lambda: VTC(lift="artifact", finish_extra_charge=True),
+        lambda: VTC(lift="artifact", counting="artifact"),
         lambda: VTC(weights={"c0": 3.0, "c1": 0.7}),
         lambda: LCF(),
         lambda: RPM(limit=3),
@@ -231,6 +231,59 @@ def test_total_charge_of_one_request(policy, expected):
     assert events["value"].iloc[-1] == policy.counter[0]
 
 
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        # the artifact's router (manager.py, vtc_req_queue.py): a decode step charges w_q per
+        # request before it, and the step where the request finishes charges it once more
+        (VTC(counting="artifact"), 1 * 40 + 2 * 29 + 2),
+        (LCF(counting="artifact"), 1 * 40 + 2 * 29 + 2),
+        # vtc_oracle_req_queue.py: only tokens past the prediction, never with an exact one
+        (VTC(prediction="oracle", counting="artifact"), 1 * 40 + 2 * 30),
+        # the token step k + 1 makes costs h(40, k) - h(40, k - 1), k = 1 .. 29, then the
+        # finish charges h(40, 30) - h(40, 29) again: h(40, 0) + h(40, 30) - h(40, 0)
+        (VTC(service="profiled", counting="artifact"), None),
+    ],
+    ids=["linear", "lcf", "oracle", "profiled"],
+)
+def test_artifact_counting_charges_one_request_as_the_artifacts_router_does(policy, expected):
+    h = ProfiledService()
+    if expected is None:
+        expected = float(h(40, 0) + h(40, 30) - h(40, 0))
+    run_alone(policy, single_request_trace())
+    assert policy.counter[0] == pytest.approx(expected, rel=1e-12)
+    events = policy.counter_events()
+    extra = events[events["cause"].astype(str) == "finish_extra"]
+    assert len(extra) == (0 if policy.prediction == "oracle" else 1)
+
+
+def test_artifact_counting_charges_a_finishing_steps_whole_batch_once():
+    """Three requests decode together; two finish in the same step (and one at its prefill,
+    with the one it was prefilled with): every request of those steps pays one more token,
+    once per step however many finished in it."""
+    tr = Trace.from_columns(
+        client=["a", "a", "b", "c", "c"],
+        arrival=[0.0, 0.0, 0.0, 100.0, 100.0],
+        prompt_len=[10, 10, 10, 10, 10],
+        output_len=[20, 20, 30, 1, 5],
+    )
+    policy = run_alone(VTC(counting="artifact", lift="artifact"), tr)
+    events = policy.counter_events()
+    extra = events[events["cause"].astype(str) == "finish_extra"]
+    # the step where a and a finish: a pays 2 x 2 (both its requests), b 2; b's own finish:
+    # b 2 alone; c's prefill (one output token): both of c's requests, 2 x 2
+    assert sorted(zip(extra["client"].astype(str), extra["delta"], strict=True)) == [
+        ("a", 4.0),
+        ("b", 2.0),
+        ("b", 2.0),
+        ("c", 2.0),
+        ("c", 4.0),
+    ]
+    paper = run_alone(VTC(lift="artifact"), tr)  # this lift: c, arriving alone, is not lifted
+    # the decodes cost the same (linear: one price per token); only the extra charges differ
+    np.testing.assert_allclose(policy.counter - paper.counter, [4.0, 4.0, 6.0])
+
+
 def test_over_prediction_is_refunded_and_under_prediction_charged_as_it_comes():
     tr = single_request_trace(prompt=10, output=100, clients=("a", "b"))
     policy = VTC(prediction="oracle", predict_range=0.5, seed=11)
@@ -301,6 +354,7 @@ def test_drr_credit_log_accounts_for_every_change():
         ({"predict_range": 0.5}, "applies only to prediction=oracle"),
         ({"prediction": "oracle", "predict_range": 1.5}, r"predict_range must be in \[0, 1\]"),
         ({"service": "cubic"}, "policy.service must be one of"),
+        ({"counting": "exact"}, "policy.counting must be one of"),
     ],
 )
 def test_bad_vtc_options_are_clear_errors(kwargs, match):

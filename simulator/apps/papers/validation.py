@@ -276,7 +276,10 @@ def vtc_tables_section(n: int, tables: Sequence[str] | None) -> tuple[list[Task]
         section = Section(
             "VTC paper: Tables 2-6",
             "Each row is an experiment config plus a policy (`fairsim-vtc-tables` lists them); "
-            "the same engine, cost model and metric conventions for every row. Service "
+            "the same engine, cost model and metric conventions for every row, and every VTC "
+            "and LCF row the artifact's counter lift and counting (its router's update_counter: "
+            "each decode step priced by the lengths before it, and a step in which a request "
+            "finishes charging its whole batch once more). Service "
             "difference in the paper's revision form (60 s windows, 19 ticks); Tables 3 and 4 "
             "score with the profiled cost function (the artifact's coefficients, a tenth of "
             "those Appendix B.2 prints). Figures marked † are not printed in the paper: they "

@@ -4,7 +4,9 @@
 throughput next to the paper's. Each row is an experiment config plus a policy, with no per-row
 tuning: the engine, cost model and metric conventions are the same for every row, and every
 VTC-family row uses the artifact's counter lift (`policy.lift=artifact`), which all of the
-artifact's VTC queues implement and all of the paper's measured runs used.
+artifact's VTC queues implement and all of the paper's measured runs used, and every VTC and LCF
+row the artifact's counting (`policy.counting=artifact`: its router's update_counter, before each
+decode step and again after a step in which a request finishes).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def _row(table: str, label: str, overrides: str, *numbers: float | None, **kw: i
     args = overrides.split()
     if any(a.startswith("policy=vtc") for a in args):
         args.append("policy.lift=artifact")
+    if any(a.startswith(("policy=vtc", "policy=lcf")) for a in args):
+        args.append("policy.counting=artifact")
     return PaperRow(table, label, tuple(args), *numbers, **kw)  # type: ignore[arg-type]
 
 
