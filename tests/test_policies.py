@@ -210,30 +210,16 @@ def run_alone(policy, tr):
     return policy
 
 
+H = ProfiledService()
+
+
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
         (VTC(), 1 * 40 + 2 * 29),  # the first token (from prefill) is free
         (VTC(prediction="oracle"), 1 * 40 + 2 * 30),  # Algorithm 3: exact prediction up front
-        (VTC(service="profiled"), None),  # h(40, 0) + h(40, 30) - h(40, 1)
+        (VTC(service="profiled"), float(H(40, 0) + H(40, 30) - H(40, 1))),
         (VTC(weights={"a": 4.0}), (40 + 2 * 29) / 4),
-    ],
-    ids=["linear", "oracle", "profiled", "weighted"],
-)
-def test_total_charge_of_one_request(policy, expected):
-    h = ProfiledService()
-    if expected is None:
-        expected = float(h(40, 0) + h(40, 30) - h(40, 1))
-    run_alone(policy, single_request_trace())
-    assert policy.counter[0] == pytest.approx(expected, rel=1e-12)
-    events = policy.counter_events()
-    assert events["delta"].sum() == pytest.approx(expected, rel=1e-12)
-    assert events["value"].iloc[-1] == policy.counter[0]
-
-
-@pytest.mark.parametrize(
-    ("policy", "expected"),
-    [
         # the artifact's router (manager.py, vtc_req_queue.py): a decode step charges w_q per
         # request before it, and the step where the request finishes charges it once more
         (VTC(counting="artifact"), 1 * 40 + 2 * 29 + 2),
@@ -242,19 +228,27 @@ def test_total_charge_of_one_request(policy, expected):
         (VTC(prediction="oracle", counting="artifact"), 1 * 40 + 2 * 30),
         # the token step k + 1 makes costs h(40, k) - h(40, k - 1), k = 1 .. 29, then the
         # finish charges h(40, 30) - h(40, 29) again: h(40, 0) + h(40, 30) - h(40, 0)
-        (VTC(service="profiled", counting="artifact"), None),
+        (VTC(service="profiled", counting="artifact"), float(H(40, 30))),
     ],
-    ids=["linear", "lcf", "oracle", "profiled"],
+    ids=[
+        "linear",
+        "oracle",
+        "profiled",
+        "weighted",
+        "artifact-linear",
+        "artifact-lcf",
+        "artifact-oracle",
+        "artifact-profiled",
+    ],
 )
-def test_artifact_counting_charges_one_request_as_the_artifacts_router_does(policy, expected):
-    h = ProfiledService()
-    if expected is None:
-        expected = float(h(40, 0) + h(40, 30) - h(40, 0))
+def test_total_charge_of_one_request(policy, expected):
     run_alone(policy, single_request_trace())
     assert policy.counter[0] == pytest.approx(expected, rel=1e-12)
     events = policy.counter_events()
+    assert events["delta"].sum() == pytest.approx(expected, rel=1e-12)
+    assert events["value"].iloc[-1] == policy.counter[0]
     extra = events[events["cause"].astype(str) == "finish_extra"]
-    assert len(extra) == (0 if policy.prediction == "oracle" else 1)
+    assert len(extra) == (policy.counting == "artifact" and policy.prediction == "none")
 
 
 def test_artifact_counting_charges_a_finishing_steps_whole_batch_once():
