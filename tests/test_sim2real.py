@@ -132,6 +132,23 @@ def test_the_report_puts_the_published_errors_beside_fairsims():
     assert text.count("| V |") == 2 * 7 and text.count("| T |") == 2 * 9
 
 
+def test_the_report_shows_a_picture_of_every_validation_runs_errors(tmp_path):
+    from matplotlib.image import imread
+
+    from simulator.apps.sim2real.figure import FIGURE_FILE, draw_errors, short_name
+
+    runs = load_runs(shared_file(RUNS))
+    fake = {c: {r.name: {m: -5.0 for m in METRICS} for r in runs} for c in ("fitted", "roofline")}
+    peer = PEERS["BLIS trained-physics"]
+    draw_errors(runs, fake, peer, "BLIS trained-physics", tmp_path / FIGURE_FILE)
+    image = imread(tmp_path / FIGURE_FILE)
+    assert image.shape[0] > 300 and image.shape[1] > 900 and image.std() > 0.05  # not blank
+    text = render(runs, {c: {**v} for c, v in fake.items()}, figure=FIGURE_FILE)
+    assert f"]({FIGURE_FILE})" in text.split("## Every run")[0]  # after the medians
+    assert short_name("llama-2-70b-hf-tp4-codegen") == "llama-2-70b codegen"
+    assert short_name("mixtral-8x7b-v0-1-tp2-general") == "mixtral-8x7b general"
+
+
 @pytest.mark.slow
 def test_the_fitted_model_predicts_the_validation_runs_within_the_published_best_errors():
     """The 7 validation runs (never fitted to), each simulated by the user's command: the median

@@ -669,9 +669,10 @@ def merge_into(old: str, report: str, chosen: Sequence[str] | None) -> str:
     return splice(report, old, [t for t in _parts(old)[1] if t not in ours])
 
 
-def sim2real_section(explicit: bool) -> Section | None:
+def sim2real_section(explicit: bool, folder: Path) -> Section | None:
     """Measured vLLM runs predicted (`fairsim-sim2real`'s report, its headings one level
-    down). Without the data: an error when the section was asked for, else a note and None."""
+    down, its picture written into `folder`). Without the data: an error when the section was
+    asked for, else a note and None."""
     try:
         runs, replays = resolve_path(SIM2REAL_RUNS, "data"), resolve_path(SIM2REAL_REPLAYS, "data")
     except TraceError as err:
@@ -679,7 +680,7 @@ def sim2real_section(explicit: bool) -> Section | None:
             raise
         print(f"fairsim-validation: the sim2real section is left out: {err}", file=sys.stderr)
         return None
-    text = sim2real_report(runs, replays)
+    text = sim2real_report(runs, replays, folder)
     body = "\n".join(
         "#" + line if line.startswith("## ") else line
         for line in text.splitlines()
@@ -732,7 +733,7 @@ def _main(argv: list[str] | None) -> None:
     if "etalon" in chosen:
         sections.append(etalon_section())
     if "sim2real" in chosen:
-        measured = sim2real_section(explicit=bool(args.section))
+        measured = sim2real_section(explicit=bool(args.section), folder=Path(args.out).parent)
         sections += [measured] if measured else []
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["fairsim-validation", *given])

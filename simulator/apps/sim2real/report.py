@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 
 from simulator.api import compose_config, simulate_config
 from simulator.apps.common.command import run_command
+from simulator.apps.sim2real.figure import FIGURE_FILE, draw_errors
 from simulator.apps.sim2real.replay import (
     REPLAY_METRICS,
     ReplayedRun,
@@ -228,7 +229,10 @@ def render(
     errors: dict[str, dict[str, dict[str, float]]],
     replays: list[ReplayedRun] | None = None,
     replay_errors: dict[str, dict[str, dict[str, float]]] | None = None,
+    figure: str | None = None,
 ) -> str:
+    """The report; `figure`: the file name of the errors' picture beside it, shown after the
+    medians."""
     validation = [r for r in runs if not r.training]
     shared = [r for r in validation if r.name in PEERS["BLIS trained-physics"]]
     lines = [
@@ -260,6 +264,8 @@ def render(
         rows = [table[r.name] for r in shared]
         cells = " | ".join(f"{median_abs(rows, m):.1f}%" for m in HEADLINE)
         lines.append(f"| {peer} (published), the same runs | {len(rows)} | {cells} |")
+    if figure:
+        lines += ["", f"![Signed errors of every validation run, fairsim beside BLIS]({figure})"]
     lines += [
         "",
         "## Every run",
@@ -316,17 +322,25 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--replays", help="a folder of runs logged request by request")
     parser.add_argument("--out", default="docs/sim2real.md", help="the report (Markdown)")
     args = parser.parse_args(argv)
-    text = sim2real_report(args.runs, args.replays)
+    text = sim2real_report(args.runs, args.replays, Path(args.out).parent)
     write_text_atomically(Path(args.out), text)
     print(text)
 
 
-def sim2real_report(runs_dir: str | Path, replays_dir: str | Path | None = None) -> str:
+def sim2real_report(
+    runs_dir: str | Path, replays_dir: str | Path | None = None, folder: Path | None = None
+) -> str:
     """The report (Markdown) on the measured runs in `runs_dir`, and the logged runs in
-    `replays_dir` replayed."""
+    `replays_dir` replayed; with `folder`, the errors' picture is written there and shown."""
     runs = load_runs(runs_dir)
     replays = load_replayed_runs(replays_dir) if replays_dir else []
-    return render(runs, evaluate(runs), replays, evaluate_replays(replays))
+    errors = evaluate(runs)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        peer = "BLIS trained-physics"
+        draw_errors(runs, errors, PEERS[peer], peer, folder / FIGURE_FILE)
+    figure = FIGURE_FILE if folder is not None else None
+    return render(runs, errors, replays, evaluate_replays(replays), figure)
 
 
 if __name__ == "__main__":
