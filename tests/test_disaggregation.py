@@ -336,6 +336,11 @@ def test_bad_disaggregation_configs_get_one_line_naming_the_key():
             "link_bandwidth_gbps",
         ),
         (dict(prefill_replicas=1, decode_replicas=1, disaggregation={"linkbw": 1}), "unknown key"),
+        # text where a number belongs (the CLI fuzz test's find: it was an internal error)
+        (dict(disaggregation={"threshold": "abc"}), "threshold must be an integer >= 0"),
+        (dict(disaggregation={"link_latency": "abc"}), "link_latency must be a number"),
+        (dict(disaggregation={"kv_bytes_per_token": "x"}), "kv_bytes_per_token must be null"),
+        (dict(disaggregation={"shared_link": "yes"}), "shared_link must be true or false"),
         (
             dict(
                 prefill_replicas=1,

@@ -317,6 +317,8 @@ def test_round_robin_and_wfq_run_as_engine_policies():
         ({"flow_control": {"ttl": -1}}, "gateway.flow_control.ttl must be a number > 0"),
         ({"classes": {"a": "gold"}}, r"gateway.classes.a must be one of \('critical'"),
         ({"saturation": {"kv_utilization": 0}}, "kv_utilization must be a number > 0"),
+        ({"saturation": {"queue_depth": "abc"}}, "saturation.queue_depth must be a number >= 1"),
+        ({"saturation": {"queue_depth": 2.5}}, "saturation.queue_depth must be an integer >= 1"),
         ({"admission": {"input_cost": 0, "output_cost": 0}}, "both 0"),
     ],
 )

@@ -60,16 +60,18 @@ class DisaggregationConfig:
         if self.counters not in COUNTERS:
             raise ConfigError(f"{key}.counters must be one of {COUNTERS}, got {self.counters!r}")
         t = self.threshold
-        if isinstance(t, bool) or int(t) != t or t < 0:
+        if not (_number(t) and float(t).is_integer() and t >= 0):
             raise ConfigError(f"{key}.threshold must be an integer >= 0 (tokens), got {t!r}")
         bw = self.link_bandwidth_gbps
-        if isinstance(bw, bool) or not (math.isfinite(bw) and bw > 0):
+        if not (_number(bw) and bw > 0):
             raise ConfigError(f"{key}.link_bandwidth_gbps must be a number > 0, got {bw!r}")
         lat = self.link_latency
-        if isinstance(lat, bool) or not (math.isfinite(lat) and lat >= 0):
+        if not (_number(lat) and lat >= 0):
             raise ConfigError(f"{key}.link_latency must be a number of seconds >= 0, got {lat!r}")
+        if not isinstance(self.shared_link, bool):
+            raise ConfigError(f"{key}.shared_link must be true or false, got {self.shared_link!r}")
         b = self.kv_bytes_per_token
-        if b is not None and (isinstance(b, bool) or int(b) != b or b < 1):
+        if b is not None and not (_number(b) and float(b).is_integer() and b >= 1):
             raise ConfigError(
                 f"{key}.kv_bytes_per_token must be null or an integer >= 1, got {b!r}"
             )
@@ -93,6 +95,11 @@ class DisaggregationConfig:
         if self.decider == "prompt_above":
             return prompt > self.threshold
         return prompt - cached > self.threshold
+
+
+def _number(v: object) -> bool:
+    """A finite int or float (not a bool, not text)."""
+    return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
 
 
 def with_settings(obj: Any, settings: Mapping[str, Any], key: str) -> Any:

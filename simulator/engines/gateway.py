@@ -81,11 +81,11 @@ class SaturationConfig:
     kv_utilization: float = 0.8
 
     def __post_init__(self) -> None:
-        if isinstance(self.queue_depth, bool) or int(self.queue_depth) != self.queue_depth:
+        _number("saturation.queue_depth", self.queue_depth, 1, strict=False)
+        if int(self.queue_depth) != self.queue_depth:
             raise ConfigError(
                 f"gateway.saturation.queue_depth must be an integer >= 1, got {self.queue_depth!r}"
             )
-        _number("saturation.queue_depth", self.queue_depth, 1, strict=False)
         _number("saturation.kv_utilization", self.kv_utilization, 0, strict=True)
 
 
