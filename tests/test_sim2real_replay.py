@@ -123,5 +123,7 @@ def test_the_sim2real_section_asked_for_without_its_data_is_an_error_naming_the_
         validation.main(["--section", "sim2real", "--out", str(tmp_path / "v.md")])
     assert ended.value.code == 2
     assert "sim2real/inference_sim_training/default_args" in capsys.readouterr().err
-    assert validation.sim2real_section(explicit=False) is None  # a full report leaves it out
+    assert (
+        validation.sim2real_section(explicit=False, folder=tmp_path) is None
+    )  # a full report leaves it out
     assert "sim2real section is left out" in capsys.readouterr().err
