@@ -121,8 +121,16 @@ def test_guidellm_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path)
         f"GuideLLM TTFT median {ttft:.2f} ms (simulated {simulated_ttft:.2f}), "
         f"ITL median {itl:.2f} ms (simulated {simulated_itl:.2f})"
     )
-    assert abs(ttft - simulated_ttft) <= 10
+    assert abs(ttft - simulated_ttft) <= ttft_slack_ms(simulated_ttft)
     assert abs(itl - simulated_itl) <= 10
+
+
+def ttft_slack_ms(simulated_ms: float) -> float:
+    """How far a client's median TTFT may lie from the simulated one: its own time (a Python
+    client parsing every stream on the same 2 cores) adds to what it measures. Seen: GuideLLM
+    +11.3 ms (27 ms simulated) on an idle 2-core VM, inference-perf +17.6 ms (228 ms, 7.7%)
+    in a CI run sharing its machine with another test run."""
+    return max(20.0, 0.1 * simulated_ms)
 
 
 def test_inference_perf_measures_the_latencies_fairsim_serve_simulated(tmp_path: Path):
@@ -164,7 +172,7 @@ def test_inference_perf_measures_the_latencies_fairsim_serve_simulated(tmp_path:
         f"inference-perf TTFT median {ttft:.2f} ms (simulated {simulated_ttft:.2f}), "
         f"ITL median {itl:.2f} ms (simulated {simulated_itl:.2f})"
     )
-    assert abs(ttft - simulated_ttft) <= 10
+    assert abs(ttft - simulated_ttft) <= ttft_slack_ms(simulated_ttft)
     assert abs(itl - simulated_itl) <= 10
 
 
@@ -203,9 +211,11 @@ def offline_capacity(variable: str, start: int, seed: int) -> tuple[int | None, 
 @pytest.mark.parametrize("variable", ["parallel", "rate"])
 def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_path, variable):
     """The same value for a concurrency and a rate search, and each point's p99 TTFT at most
-    10% or 40 ms above the simulation. The client's and the loopback's own time add: measured
-    1-2% above on an idle machine, 7.5% (25 ms) at 2 users under CI's load, where a point's
-    p99 is its slowest of 4 requests. Below it: a concurrency point at most 5 ms (its users
+    25% or 80 ms above the simulation. The client's and the loopback's own time add, and a
+    point's p99 is its slowest of 4 requests, so one late request sets it: measured 1-2% above
+    on an idle machine, 7.5% (25 ms) at 2 users under CI's load, 11% (49 ms) at 4 users in a CI
+    run sharing the machine, and 63 ms above at rate 2, the search's first point (the client's
+    first connections), on an idle machine. Below it: a concurrency point at most 5 ms (its users
     send when the previous answer ends, so lateness only adds). Rate points send at times
     both draw from EvalScope's seeded stream, but a send the busy client makes late waits
     that much less behind the queue it joins, and its TTFT is counted from the send: 8.3%
@@ -236,4 +246,4 @@ def test_evalscope_sla_auto_tune_finds_what_fairsim_capacity_finds_offline(tmp_p
     for value in set(measured) & set(simulated):
         below = 5 if variable == "parallel" else max(0.15 * simulated[value], 60)
         assert measured[value] >= simulated[value] - below, value
-        assert measured[value] <= simulated[value] + max(0.10 * simulated[value], 40), value
+        assert measured[value] <= simulated[value] + max(0.25 * simulated[value], 80), value
