@@ -146,7 +146,6 @@ class VTC(LeastServed):
         if predict_range and prediction != "oracle":
             raise ConfigError("policy.predict_range applies only to prediction=oracle (VTC(±r))")
         self.service = make_service(service, input_price, output_price)
-        self.output_price = float(output_price)
         self.lift, self.prediction = lift, prediction
         self.predict_range, self.seed = float(predict_range), int(seed)
         self.weights = dict(weights or {})
