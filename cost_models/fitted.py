@@ -7,7 +7,11 @@ rates (tp GPUs share every term):
 - `weights`: the weight bytes the step reads (a mixture of experts: the experts its tokens route
   to) plus the output head's, over memory bandwidth;
 - `matmul`: the matrix products' FLOPs (2 x active parameters per token, the head per request)
-  over tensor throughput (fp8 where the weights are fp8 and the GPU has fp8 units);
+  over tensor throughput (fp8 where the weights are fp8 and the GPU has fp8 units), only the
+  part beyond the `weights` time: the products run while the weights stream in, so a step of
+  few tokens is bound by memory and one of many by compute, as in the roofline (a plain sum
+  would let a fit price compute below the datasheet's peak to undo the double count, and
+  then predict prefill-heavy steps faster than the GPU can run them);
 - `attention`: the larger of its FLOPs over throughput and its KV bytes over bandwidth;
 - `allreduce`: the tensor-parallel all-reduces' bytes over the link (0 at tp 1);
 - `allreduce_calls`: how many all-reduces (2 per layer at tp > 1): their fixed latency;
@@ -119,6 +123,7 @@ class FittedCost(RooflineCost):
         head = m.vocab * m.hidden
         weights = (m.layer_bytes_read(t) + head * m.dtype_bytes) / bw
         flops = 2.0 * m.layer_params * m.layers * t + 2.0 * head * r
+        beyond = np.maximum(flops / peak - weights, 0.0)  # compute not hidden under the reads
         attention = np.maximum(
             4.0 * m.heads * m.head_dim * m.layers * np.asarray(pairs, dtype=np.float64) / peak,
             np.asarray(kv_tokens, dtype=np.float64) * m.kv_bytes_per_token / bw,
@@ -129,7 +134,7 @@ class FittedCost(RooflineCost):
             ring = 2 * m.layers * 2.0 * (tp - 1) / tp * t * m.hidden * 2 / g.link_bandwidth
             calls = float(2 * m.layers)
         ones = np.ones_like(t)
-        return np.column_stack([weights, flops / peak, attention, ring, calls * ones, r, ones])
+        return np.column_stack([weights, beyond, attention, ring, calls * ones, r, ones])
 
     def _count_part(self, tokens: int, requests: int) -> float:
         """Every term but attention's, for a step of this many tokens and requests (cached:

@@ -186,3 +186,31 @@ def test_the_front_end_latency_is_its_fixed_part_plus_its_reference_steps(tmp_pa
     bad.write_text(json.dumps({"coefficients": beta, "frontend_latency": 0, "frontend_steps": -1}))
     with pytest.raises(CostModelError, match=">= 0"):
         FittedCost(coefficients=str(bad))
+
+
+def test_the_fitted_models_products_count_only_beyond_the_weight_reads():
+    """The roofline's shape: at unit weight and product coefficients (the rest 0) a step takes
+    the longer of its weight reads and its products at datasheet rates; and the shipped
+    coefficients never run a compute-bound step faster than the datasheet's peak (a fit on
+    prefix-cached runs, which barely prefill, must not make prefill-heavy work cheap)."""
+    cost = FittedCost(model="llama-2-7b", gpu="h100")
+    unit = {t: 0.0 for t in cost.beta} | {"weights": 1.0, "matmul": 1.0}  # type: ignore[attr-defined]
+    roof = cost.with_coefficients(unit, 0.0)
+    m, g = cost.model_spec, cost.gpu_spec
+    for tokens in (1, 64, 512, 2048, 8192):
+        weights = (
+            m.layer_bytes_read(np.array([float(tokens)]))[0] + m.vocab * m.hidden * m.dtype_bytes
+        ) / (g.hbm_bandwidth)
+        products = (2.0 * m.layer_params * m.layers * tokens + 2.0 * m.vocab * m.hidden) / (
+            g.flops_for(m.dtype_bytes)
+        )
+        assert roof.one_step(tokens, 1, 0.0, 0.0) == pytest.approx(max(weights, products))
+    assert roof.one_step(1, 1, 0.0, 0.0) < roof.one_step(8192, 1, 0.0, 0.0)
+    setups = [("llama-2-7b", "h100", 1), ("llama-3.1-8b", "rtx-4090", 1),
+              ("llama-2-70b", "a100-80gb", 4), ("mixtral-8x7b", "l40s", 2)]  # fmt: skip
+    for model, gpu, tp in setups:
+        shipped = FittedCost(model=model, gpu=gpu, tp=tp)
+        spec = shipped.model_spec
+        flops = 2.0 * spec.layer_params * spec.layers * 2048
+        peak = tp * shipped.gpu_spec.flops_for(spec.dtype_bytes)
+        assert shipped.step_time([(2048, 0)]) >= flops / peak, (model, gpu)

@@ -42,10 +42,10 @@ from simulator.core.timeline import Timeline
 from simulator.engines import simulate
 
 FITTED_METRICS = ("e2e_mean", "ttft_mean")  # the measured ITL counts output tokens unreliably
-START = {  # where the iteration starts: the roofline's memory efficiency (0.8); compute mostly
-    # hidden under weight reads; its step overhead
+START = {  # where the iteration starts: the roofline's memory (0.8) and compute (0.6)
+    # efficiencies and its step overhead
     "weights": 1 / 0.8,
-    "matmul": 0.4,
+    "matmul": 1 / 0.6,
     "attention": 1 / 0.8,
     "allreduce": 1.0,
     "allreduce_calls": 10e-6,
