@@ -223,6 +223,7 @@ class DecodeRunPlan(Plan):
 
     rows: list[int]
     tokens: list[int]  # tokens each holds KV for before the run
+    kv_used: list[int]  # KV tokens in use after each step (the blocks are taken when decided)
 
 
 class VLLMReplica:
@@ -785,7 +786,11 @@ class VLLMReplica:
         horizon = np.inf if cfg.horizon is None else cfg.horizon
         ends = self._decode_ends(n, n + sum(tokens), k, min(nxt, horizon, frontier))
         k = run_length(ends, next_arrival=nxt, horizon=cfg.horizon, frontier=frontier)
-        return DecodeRunPlan(self.now, ends[:k], float(ends[k - 1]), rows, tokens)
+        # the run's blocks are taken now, as a step takes its blocks when it is decided: what
+        # reads this pool during a run's last step (a decider, a dispatcher) sees what it would
+        # see stepping one by one
+        kv = self.pool.decode(rows, tokens, k)
+        return DecodeRunPlan(self.now, ends[:k], float(ends[k - 1]), rows, tokens, kv)
 
     def _decode_ends(self, n: int, context: int, k: int, cut: float) -> np.ndarray:
         """End times of up to k decode steps of n requests from now (context: the tokens the
@@ -817,7 +822,7 @@ class VLLMReplica:
         else:
             feed.ingest(last)
         computed, gen, out = self.req.computed, state.generated, self._output
-        kv = self.pool.decode(rows, plan.tokens, k)
+        kv = plan.kv_used
         finished = []
         for r in rows:
             computed[r] += k
