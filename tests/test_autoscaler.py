@@ -1,6 +1,8 @@
 """The elastic fleet (simulator/engines/autoscaler.py): HPA-style decisions, loading delays,
 draining, GPU-seconds, and fairness at the gateway while the fleet scales."""
 
+import signal
+
 import numpy as np
 import pytest
 from test_gateway import clients_trace, flow, service_gap_and_bound
@@ -86,6 +88,22 @@ def intervals_of(changes, replica, state):
             out.append((since, t))
             since = None
     return out + ([(since, np.inf)] if since is not None else [])
+
+
+def test_a_fleet_whose_dispatcher_takes_snapshots_ends_when_its_requests_do():
+    """The snapshots' timer and the autoscaler's each saw the other still scheduled, so a run
+    with both never ended once its requests had."""
+    routing = {"scorers": {"queue_depth": 1}, "scrape_interval": 0.3}
+    cluster = ClusterConfig(1, "scored", routing=routing, autoscaler=elastic())
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the run did not end"))
+    signal.alarm(60)  # a hang fails the test instead of the run
+    try:
+        tl = fleet_run(surge_trace(), cluster)
+    finally:
+        signal.alarm(0)
+    assert (tl.status == COMPLETED).all()
+    last_finish = float(np.max(tl.finished_at))
+    assert tl.info["fleet"]["changes"][-1][0] <= last_finish + 30.0 + 5.0  # a window, a tick
 
 
 def test_the_fleet_grows_under_a_surge_serves_only_when_loaded_and_drains_before_it_frees():

@@ -505,6 +505,8 @@ class Runner:
             self._next_scrape = np.inf
             if self._past_horizon(env.now):
                 return
+            if self.fleet is not None and not self.pushed and self.state.ended == len(self.trace):
+                return  # every request ended: the autoscaler's ticks alone would keep it going
             if env.peek() == np.inf:  # nothing else is scheduled
                 if not self.pushed or self.frontier == np.inf:
                     return
