@@ -12,7 +12,8 @@ loading 60-180 s). Each size runs in a fresh process (peak memory is
 its own); the cost per request is printed, and the exponent of wall time against requests
 between the smallest and largest size. `--sizes 64` runs the issue's size itself.
 
-Measured on the 2-core VM (2026-11-26): see docs/gateway.md ("Scale").
+Measured on the 2-core VM (2026-11-26; again 2026-11-27 once coupled replicas take runs of
+decode steps): see docs/gateway.md ("Scale").
 
 Usage: python benchmarks/fleet_day.py [--sizes 2,4,8]
 """

@@ -1,5 +1,6 @@
 """Replicas behind dispatchers (simulator/engines/dispatch.py, simulator/engines/runner.py)."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -9,11 +10,13 @@ from hypothesis import strategies as st
 from test_vllm_engine import check_invariants
 from test_vllm_engine import trace as hashed_trace
 
-from conftest import a10g_cost, check_accounting, random_trace
+from conftest import a10g_cost, check_accounting, random_trace, with_shared_prefixes
 from cost_models import ConstantStepCost
 from policies import FCFS, VTC
 from simulator.core.requests import COMPLETED, IN_FLIGHT
 from simulator.engines import DISPATCHERS, ClusterConfig, SLoRAConfig, VLLMConfig, simulate
+from simulator.engines.autoscaler import AutoscalerConfig
+from simulator.engines.gateway import GatewayConfig
 from traces import Trace
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
@@ -256,6 +259,87 @@ def test_static_slora_replicas_fast_forward_like_stepping(seed, dispatcher, pool
     for key in fast.steps:
         assert np.array_equal(fast.steps[key], slow.steps[key]), key
     assert fast.counters.equals(slow.counters)
+
+
+GATEWAYS = {
+    "none": lambda: None,
+    "vtc_flow": lambda: GatewayConfig(flow_control={"enabled": True}, fairness_policy=VTC()),
+    "flow_with_ttl": lambda: GatewayConfig(
+        flow_control={"enabled": True, "ttl": 1.5}, fairness_policy=FCFS()
+    ),
+    "saturation": lambda: GatewayConfig(
+        admission={"type": "saturation"}, classes={"c0": "sheddable"}
+    ),
+}
+REPORTS = {"scorers": {"queue_depth": 1, "kv_utilization": 1}}  # what the replicas report
+ROUTINGS = {  # the dispatcher, and its routing settings
+    "least_requests": ("least_requests", {}),
+    "least_tokens": ("least_tokens", {}),
+    "scored": ("scored", REPORTS),
+    "stale": ("scored", {**REPORTS, "scrape_interval": 0.3, "delay": 0.1}),
+    "d2lpm": ("d2lpm", {}),
+}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 1000),
+    slora=st.booleans(),
+    replicas=st.integers(2, 3),
+    routing=st.sampled_from(sorted(ROUTINGS)),
+    gateway=st.sampled_from(sorted(GATEWAYS)),
+    autoscaler=st.sampled_from([None, "queue_depth", "kv_utilization", "in_flight_tokens"]),
+    make_policy=st.sampled_from([FCFS, VTC]),
+    pool=st.sampled_from([1_500, 20_000]),
+    horizon=st.sampled_from([None, 2.0]),
+    even=st.booleans(),
+)
+def test_coupled_replicas_fast_forward_like_stepping(
+    seed, slora, replicas, routing, gateway, autoscaler, make_policy, pool, horizon, even
+):
+    """Replicas that read each other through a dispatcher, a gateway or an autoscaler take runs
+    of decode steps cut where anything from outside could reach or read them: the timeline of
+    stepping one by one, bit for bit. `even`: evenly spaced arrivals on a constant step cost
+    (arrivals on step ends)."""
+    if slora and routing == "d2lpm":
+        routing = "least_tokens"  # (d2lpm reads vLLM's prefix cache)
+    tr = random_trace(seed=seed, n=90, clients=3, max_prompt=200, max_output=80, rate=30.0)
+    tr = with_shared_prefixes(tr, seed)
+    cost = a10g_cost()
+    if even:
+        tr = Trace.from_columns(
+            client=[tr.client_names[c] for c in tr.client], arrival=np.arange(len(tr)) * 0.04,
+            prompt_len=tr.prompt_len, output_len=tr.output_len, block_hashes=tr.block_hashes,
+        )  # fmt: skip
+        cost = ConstantStepCost(prefill=0.02, decode=0.01)
+    dispatcher, settings_ = ROUTINGS[routing]
+    elastic = None
+    if autoscaler is not None:
+        target = 300 if autoscaler == "in_flight_tokens" else 2.0
+        elastic = AutoscalerConfig(
+            enabled=True, metric=autoscaler, target=target, interval=0.5, scale_down_window=1.0,
+            min_replicas=1, max_replicas=replicas, loading={"seconds": 0.3},
+        )  # fmt: skip
+    gw = GATEWAYS[gateway]()
+    if gw is not None and gw.labels(tr):
+        tr = dataclasses.replace(tr, slo_class=gw.class_codes(tr))
+    fleet = {} if elastic is None else {"autoscaler": elastic}
+    cluster = ClusterConfig(
+        1 if elastic else replicas, dispatcher, routing=settings_, gateway=gw, **fleet
+    )
+    engine = SLoRAConfig if slora else VLLMConfig
+    fast, slow = (
+        simulate(tr, make_policy(), cost, engine(pool_tokens=pool, horizon=horizon,
+                                                 fast_forward=ff), cluster)
+        for ff in (True, False)
+    )  # fmt: skip
+    check_accounting(fast)
+    assert fast.requests_frame().equals(slow.requests_frame())
+    for a, b in zip(fast.token_times(), slow.token_times(), strict=True):
+        assert np.array_equal(a, b)
+    for key in fast.steps:
+        assert np.array_equal(fast.steps[key], slow.steps[key]), key
+    assert fast.info.get("fleet") == slow.info.get("fleet")
 
 
 # ---- the scored dispatcher (an inference gateway's endpoint picker) ---------------------------

@@ -10,8 +10,9 @@ Replicas whose arrivals are known up front (one replica, or a static dispatcher 
 trace) each run alone and may run ahead of simulated time, taking many steps at once
 (fast-forward); with `cluster.processes` > 1 an offline run simulates them in forked processes
 at once and merges what they return (simulator/engines/forked.py). Otherwise the replicas are
-coupled: each decides a step at its start and applies it at its end, one step at a time, so
-every replica and the dispatcher see the others exactly as of that instant. At one instant,
+coupled: each decides a step at its start and applies it at its end, so every replica and the
+dispatcher see the others exactly as of that instant; a run of decode steps is taken at once only
+while nothing from outside can reach or read the replica (`_frontier_of`). At one instant,
 arrivals come before the effects of a step ending then, and the next step's decisions come after
 both.
 
@@ -158,7 +159,10 @@ class Runner:
             self.replicas = self.pools.build(self.queues)
         else:
             per_replica = self.policies * n if shared else self.policies
-            fast = engine.fast_forward and not self.coupled
+            # coupled replicas take runs of decode steps too, each cut where something from
+            # outside could reach or read it (`_frontier_of`), unless they share one queue and
+            # policy or a finish anywhere may send a chained call at any instant
+            fast = engine.fast_forward and not (self.coupled and (shared or trace.chained))
             pairs = list(zip(per_replica, self.queues, strict=True))
             self.replicas = engine.build(self, pairs, cost, fast)
         self.spill = spill
@@ -177,6 +181,7 @@ class Runner:
         self._frontier_moved = self.env.event()
         self.started = False
         self._next_scrape = np.inf  # when a dispatcher next takes a snapshot of its replicas
+        self._next_tick = np.inf  # when the autoscaler next reads the replicas
         self._gateway_wake: simpy.Event | None = None  # set while the gateway's TTL timer waits
         self.simulated = list(range(n))  # the replicas this process simulates
         # while forked processes simulate the other replicas (forked.py): drains their news and
@@ -459,14 +464,16 @@ class Runner:
             yield env.timeout(0)  # every replica applies its step before any decides
 
     def _frontier_of(self, rep: StepModel) -> float:
-        """Until when nothing from outside can reach coupled replica `rep`: the frontier, and,
-        for a decode replica of disaggregated pools (whose policy is its own), the next
-        arrival (the dispatchers read it), the next end of a prefill step (a handoff), the
-        next KV transfer to it, the next KV load an idle prefill replica waits for, or now if
-        an idle prefill replica with work waiting could start a step at any instant (when
-        blocks it needs are freed)."""
+        """Until when nothing from outside can reach or read coupled replica `rep`: the
+        frontier; for co-located replicas, `_colocated_frontier`; for a decode replica of
+        disaggregated pools (whose policy is its own), the next arrival (the dispatchers read
+        it), the next end of a prefill step (a handoff), the next KV transfer to it, the next
+        KV load an idle prefill replica waits for, or now if an idle prefill replica with work
+        waiting could start a step at any instant (when blocks it needs are freed)."""
         pools = self.pools
-        if pools is None or not pools.fast_forward or rep.index < pools.P:
+        if pools is None:
+            return self._colocated_frontier(rep)
+        if not pools.fast_forward or rep.index < pools.P:
             return self.frontier
         until = min(
             self.frontier,
@@ -483,6 +490,16 @@ class Runner:
             else:  # idle: it steps again when a KV load of its own ends
                 until = min(until, self.replicas[p].next_event())
         return until
+
+    def _colocated_frontier(self, rep: StepModel) -> float:
+        """For a coupled co-located replica taking runs: the next arrival (the dispatcher and
+        the gateway read the replicas, and it may come here), snapshot and autoscaler tick
+        (they read it); or now (one step) while the gateway holds requests: it reads every
+        replica at every step end to send one."""
+        gateway = self.gateway
+        if gateway is not None and (gateway.queued or gateway.expiries):
+            return rep.now
+        return min(self.frontier, self._feeds[0].next_time(), self._next_scrape, self._next_tick)
 
     def _scraped(self) -> list[tuple[Dispatcher, list[StepModel]]]:
         """The dispatchers that read snapshots of their replicas, and those replicas."""
@@ -562,7 +579,9 @@ class Runner:
                     return
                 yield self._frontier_moved  # live: more arrivals may come
                 continue
+            self._next_tick = env.now + interval
             yield env.timeout(interval)
+            self._next_tick = np.inf
             self._scale(env.now)
 
     def _load(self) -> float:

@@ -255,7 +255,8 @@ class EngineConfig(Protocol):
 
     @property
     def fast_forward(self) -> bool:
-        """Whether a replica running alone may take many decode steps at once."""
+        """Whether a replica may take many decode steps at once (while nothing outside can
+        reach or read it)."""
         ...
 
     @property
