@@ -42,6 +42,8 @@ from simulator.core.seam import Admission, Charge, OutputTokens, ReplicaView, Ve
 from traces.schema import Trace
 
 GRID = 9  # points of the horizon the delay areas are integrated on (trapezoids)
+# up to this many rows, `values` computes in plain floats: the array calls' own cost dominates
+SCALAR_ROWS = 4
 # seconds a phase boundary (`phases`) is moved to the safe side, far beyond float rounding
 PHASE_MARGIN = 1e-6
 
@@ -82,6 +84,7 @@ class Andes(BasePolicy):
         self.per_client = {k: dict(v) for k, v in (clients or {}).items()}
         self.horizon = horizon_tokens * token_latency
         self.grid = np.linspace(0.0, self.horizon, GRID)  # the horizon's points, from now
+        self.grid_points = self.grid.tolist()
         self.token_latency, self.threshold = float(token_latency), float(threshold)
         self.max_preempt = int(max_preempt)
         self.preemptions_per_request = int(preemptions_per_request)
@@ -142,6 +145,8 @@ class Andes(BasePolicy):
 
     def values(self, rows: list[int], now: float) -> np.ndarray:
         """Each request's QoE gain from being served over the horizon instead of paused."""
+        if len(rows) <= SCALAR_ROWS:
+            return np.array([self._value(req, now) for req in rows], dtype=np.float64)
         r = np.asarray(rows, dtype=np.int64)
         start, speed, ttft = self.first_expected[r], self.speed_of[r], self.expected_ttft_of[r]
         have = self.generated[r].astype(np.float64)
@@ -149,12 +154,34 @@ class Andes(BasePolicy):
         expected = np.maximum((t[None, :] - start[:, None]) * speed[:, None] + 1.0, 0.0)
         served = have[:, None] + (t - now) / self.token_latency
         gained = np.maximum(expected - have[:, None], 0.0) - np.maximum(expected - served, 0.0)
-        dt = self.horizon / (GRID - 1)
-        avoided = (gained[:, 1:] + gained[:, :-1]).sum(1)
-        avoided *= dt / 2
+        pair = gained[:, 1:] + gained[:, :-1]  # the trapezoids, summed pairwise in a fixed order
+        avoided = ((pair[:, 0] + pair[:, 1]) + (pair[:, 2] + pair[:, 3])) + (
+            (pair[:, 4] + pair[:, 5]) + (pair[:, 6] + pair[:, 7])
+        )
+        avoided *= self.horizon / (GRID - 1) / 2
         k = expected[:, -1]  # tokens the user expects by the horizon's end
-        whole = k * ttft + k * np.maximum(k - 1, 0) / (2 * speed)
+        whole = k * ttft + k * np.maximum(k - 1, 0.0) / (2 * speed)
         return np.divide(avoided, whole, out=np.zeros_like(avoided), where=whole > 0)
+
+    def _value(self, req: int, now: float) -> float:
+        """`values` of one request in plain floats, the same operations in the same order (bit
+        for bit: tests/test_andes.py); a few rows cost several times less so than as arrays."""
+        start, speed = float(self.first_expected[req]), float(self.speed_of[req])
+        have = float(self.generated[req])
+        latency, gained = self.token_latency, []
+        for g in self.grid_points:
+            t = now + g
+            expected = max((t - start) * speed + 1.0, 0.0)
+            served = have + (t - now) / latency
+            gained.append(max(expected - have, 0.0) - max(expected - served, 0.0))
+        pair = [gained[i + 1] + gained[i] for i in range(GRID - 1)]
+        avoided = ((pair[0] + pair[1]) + (pair[2] + pair[3])) + (
+            (pair[4] + pair[5]) + (pair[6] + pair[7])
+        )
+        avoided *= self.horizon / (GRID - 1) / 2
+        k = expected
+        whole = k * float(self.expected_ttft_of[req]) + k * max(k - 1, 0.0) / (2 * speed)
+        return avoided / whole if whole > 0 else 0.0
 
     def _blocks(self, rows: list[int]) -> np.ndarray:
         """KV blocks each request needs to run: its prompt, tokens so far and the next."""
@@ -180,21 +207,24 @@ class Andes(BasePolicy):
         """The running requests to preempt before this step (the knapsack's leftovers)."""
         if self.max_preempt == 0 or not self._pressed():
             return []
-        run_values = self.waiting.value_running(running, queue, now)
-        best_waiting = self.waiting.best_value(queue, now)
-        order = np.argsort(run_values, kind="stable")
+        # only requests under their preemption cap can be moved: the others are not valued
         cap = self.preemptions_per_request
-        movable = [
-            running[i]
-            for i in order
-            if run_values[i] <= best_waiting and self.preempted[running[i]] < cap
-        ][: self.max_preempt]
+        eligible = [r for r in running if self.preempted[r] < cap]
+        if not eligible:
+            return []
+        run_values = self.waiting.value_running(eligible, queue, now)
+        order = np.argsort(run_values, kind="stable")
+        # a value of 0 is at most any waiting value: the best waiting value is needed only
+        # when fewer than max_preempt of them are worth nothing
+        zeros = int(np.count_nonzero(run_values == 0.0))
+        best_waiting = 0.0 if zeros >= self.max_preempt else self.waiting.best_value(queue, now)
+        movable = [eligible[i] for i in order if run_values[i] <= best_waiting][: self.max_preempt]
         if not movable:
             return []
         assert self.view is not None
         keep = [r for r in running if r not in movable]
         capacity = self.view.kv_blocks()[1] - (int(self._blocks(keep).sum()) if keep else 0)
-        densities = [run_values[running.index(r)] for r in movable] / self._blocks(movable)
+        densities = [run_values[eligible.index(r)] for r in movable] / self._blocks(movable)
         taken = self._fill(movable, densities.tolist(), capacity, queue, now)
         victims = [r for r in movable if r not in taken]
         self.preempted[victims] += 1

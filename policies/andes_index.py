@@ -123,6 +123,7 @@ class WaitingValues:
         self._settling: list[tuple[float, int, int]] = []  # (settles, request, version)
         self._rising: dict[int, int] = {}  # request -> version
         self._rising_changes = 0
+        self._rising_checked = -1  # the queue's `front_changes` when rising ones were last checked
         self._rising_valued: tuple[float, int] | None = None  # (time, changes) last valued at
         self._rising_rank: list[tuple[float, int, int]] = []  # (density, seq, req), best first
         self._rising_best = 0.0  # their best value
@@ -205,9 +206,11 @@ class WaitingValues:
         """Value at `now`, in one call: the rising requests (once per time and membership; their
         ranking and best value are kept), `also` (running requests, whose values it returns)
         and `settled` ones (kept in `_valued`)."""
-        for req in [r for r, v in self._rising.items() if not self._live(queue, r, v)]:
-            del self._rising[req]
-            self._rising_changes += 1
+        if queue.front_changes != self._rising_checked:  # a request left the queue since
+            self._rising_checked = queue.front_changes
+            for req in [r for r, v in self._rising.items() if not self._live(queue, r, v)]:
+                del self._rising[req]
+                self._rising_changes += 1
         stale = self._rising_valued != (now, self._rising_changes)
         if not stale and not also:
             return np.zeros(0)

@@ -47,6 +47,26 @@ def test_a_user_waiting_past_the_expected_ttft_is_worth_more_than_one_with_unrea
     assert starving > 0 and buffered == 0
 
 
+def test_one_request_valued_in_plain_floats_equals_its_row_of_the_array_valuation():
+    """`values` takes a few rows in plain floats and many as arrays: the same operations in the
+    same order, so every value agrees bit for bit (decisions compare values for equality)."""
+    trace = chat(2.0, 60.0)
+    policy = Andes(clients={trace.client_names[0]: {"expected_ttft": 0.3, "reading_speed": 9.0}})
+    policy.bind(trace)
+    rng = np.random.default_rng(7)
+    n, positive = len(trace), 0
+    for _ in range(300):
+        policy.first_expected[:] = rng.uniform(0.0, 100.0, n)
+        policy.generated[:] = rng.integers(0, 600, n)
+        now = float(rng.uniform(0.0, 120.0))
+        rows = rng.choice(n, 24, replace=False).tolist()
+        as_arrays = policy.values(rows, now)
+        one_by_one = np.concatenate([policy.values([r], now) for r in rows])
+        np.testing.assert_array_equal(as_arrays, one_by_one)
+        positive += int((as_arrays > 0).sum())
+    assert positive > 1000  # most draws are of users waiting for tokens: values far from 0
+
+
 def test_andes_needs_the_vllm_engine():
     with pytest.raises(ConfigError, match="which engine=slora does not offer; use engine=vllm"):
         simulate(chat(8.0, 20.0), Andes(), a10g_cost(), SLoRAConfig(pool_tokens=20_000))
