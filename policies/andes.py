@@ -43,6 +43,8 @@ from traces.schema import Trace
 
 GRID = 9  # points of the horizon the delay areas are integrated on (trapezoids)
 # up to this many rows, `values` computes in plain floats: the array calls' own cost dominates
+# (benchmarks/policy_overload.py, rate 10, one process alternating: 9.2-9.5 s with arrays only,
+# 8.3 s so)
 SCALAR_ROWS = 4
 # seconds a phase boundary (`phases`) is moved to the safe side, far beyond float rounding
 PHASE_MARGIN = 1e-6
@@ -254,13 +256,16 @@ class Andes(BasePolicy):
         try:
             # while under 90% full, the ranking passes over what does not fit (the reference
             # solver skips it); from there on, the first that does not fit ends the knapsack
+            undecided = dict(zip(movable, needs, strict=True))
             for _, req in ranked:
-                need = needs[movable.index(req)] if req in movable else self.waiting.need(req)
+                need = undecided.pop(req) if req in undecided else self.waiting.need(req)
                 if used + need <= capacity:
                     used += need
                     taken.add(req)
                 elif used >= 0.9 * capacity:
                     break
+                if all(n > capacity - used for n in undecided.values()):
+                    break  # the room only shrinks: none of the movable ones left can fit
                 room.blocks = capacity - used if used < 0.9 * capacity else None
         finally:
             ranked.close()
