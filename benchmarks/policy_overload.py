@@ -33,6 +33,16 @@ process before/after: VTC 1.83x -> 1.60x, DRR 1.73x -> 1.57x, DLPM 1.95x -> 1.82
 `--rate-scale 40` after (FCFS 4.86 s): VTC 1.61x, LCF 1.65x, DRR 1.59x, priority 1.21x,
 LPM 1.22x, DLPM 1.77x; Andes is the one policy above 2x.
 
+2026-11-27: Andes values only the running requests still under their preemption cap (and none
+when there are none), asks for the best waiting value only when fewer than `max_preempt` of
+them are worth 0, values up to 4 rows in plain floats, and its knapsack stops once none of the
+movable requests left can fit the room. Same process, FCFS 0.92-0.98 s: Andes 10.04 -> 7.5 s
+(10.9x -> 7.7x) at rate 10; at `--rate-scale 40` (FCFS 3.73 s) 59.6 -> 31.9 s (15.9x -> 8.6x).
+Tried and not kept (under 10% each): a phase in which a request with no tokens yet is past its
+peak value (fewer rising requests valued at every step: -2%), returning no pick when no waiting
+request's blocks could fit (needs the step's room through the seam: -4% / -5%), a best-only
+query instead of the ranking's first (slower).
+
 Usage: python benchmarks/policy_overload.py [--rate-scale 10] [--policies fcfs,lpm,...]
 """
 
