@@ -26,7 +26,9 @@ import math
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 DAY = 86_400.0
 FULL_REQUESTS, FULL_REPLICAS = 2_000_000, 64
@@ -67,26 +69,39 @@ def overrides(replicas: int) -> list[str]:
 
 
 def one(replicas: int) -> dict[str, float]:
-    """Run one size in this process; returns its figures."""
-    from simulator.api import build_trace, compose_config, simulate_config
+    """Run one size in this process; returns its figures. As `fairsim` runs it: a run that may
+    emit more tokens than `memory_budget_mb` holds in one table writes its step records and
+    counter events to disk as it goes (every size here does)."""
+    from simulator.api import build_trace, compose_config
+    from simulator.api.run import instantiate_parts, token_budget
+    from simulator.core.requests import COMPLETED
+    from simulator.core.timeline import SpillPlan
+    from simulator.engines import simulate
 
     cfg = compose_config(overrides(replicas))
     start = time.perf_counter()
     trace = build_trace(cfg)
-    timeline = simulate_config(cfg, trace)
-    wall = time.perf_counter() - start
-    fleet = timeline.info["fleet"]
-    ready = [row for row in fleet["changes"] if row[2] == "ready"]  # type: ignore[index]
-    return {
-        "max_replicas": replicas,
-        "requests": len(trace),
-        "completed": int((timeline.requests_frame().status == "completed").sum()),
-        "wall_s": round(wall, 2),
-        "requests_per_s": round(len(trace) / wall),
-        "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "gpu_hours": round(fleet["gpu_seconds"] / 3600, 1),  # type: ignore[operator]
-        "replicas_started": len(ready),
-    }
+    budget = token_budget(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        spill = None
+        if int(trace.output_len.sum()) > budget:
+            spill = SpillPlan(Path(tmp, ".spill"), max(1, budget // 16))
+        timeline = simulate(trace, *instantiate_parts(cfg), spill=spill)
+        wall = time.perf_counter() - start
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        fleet = timeline.info["fleet"]
+        ready = [row for row in fleet["changes"] if row[2] == "ready"]  # type: ignore[index]
+        return {
+            "max_replicas": replicas,
+            "requests": len(trace),
+            "completed": int((timeline.status == COMPLETED).sum()),
+            "wall_s": round(wall, 2),
+            "requests_per_s": round(len(trace) / wall),
+            "peak_mb": round(peak_mb, 1),
+            "spilled": spill is not None,
+            "gpu_hours": round(fleet["gpu_seconds"] / 3600, 1),  # type: ignore[operator]
+            "replicas_started": len(ready),
+        }
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from simulator.core.errors import ConfigError
 from simulator.core.requests import COMPLETED, IN_FLIGHT, REJECTED
 from simulator.engines import ClusterConfig, VLLMConfig, simulate
 from simulator.engines.gateway import GatewayConfig
+from simulator.engines.runner import Runner
 from simulator.metrics.fairness import accumulated_service, served_intervals
 from simulator.metrics.tiers import tier_summary
 from traces import Trace
@@ -245,6 +246,23 @@ def test_vtc_flow_control_keeps_backlogged_tenants_within_the_derived_bound():
     fcfs = run(tr, flow(FCFS(), fairness="fcfs"), replicas=2)
     fcfs_gap, fcfs_bound = service_gap_and_bound(fcfs, tr, until=120.0)
     assert fcfs_gap > fcfs_bound
+
+
+def test_vtc_flow_control_counts_every_token_but_keeps_no_log_of_it():
+    """The gateway's fairness counters decide, and nothing reads their log: it keeps no
+    events (one a token cost 24 bytes of memory: gigabytes over a simulated day), while the
+    engine policy's own log is kept for the run folder."""
+    tr = clients_trace({"heavy": 30.0, "light": 12.0}, duration=20.0, burst=5)
+    cluster = ClusterConfig(2, "least_requests", gateway=flow(VTC(), fairness="vtc"))
+    runner = Runner(tr, VTC(), CONST, ENGINE, cluster)
+    tl = runner.close()
+    check_accounting(tl)
+    assert runner.gateway is not None
+    (band,) = runner.gateway.bands.values()
+    assert isinstance(band.policy, VTC)
+    assert band.policy.counter.sum() >= tr.prompt_len.sum()  # it charged what it dispatched
+    assert len(band.policy.counter_events()) == 0
+    assert len(runner.policies[0].counter_events()) > 0
 
 
 # ---- classes in the engine, in traces ---------------------------------------------------

@@ -34,6 +34,7 @@ class CounterLog:
 
     def __init__(self) -> None:
         self._clear()
+        self._kept = True  # False: events are let go of as they come (`discard`)
         self._spill: Path | None = None
         self._limit = 0
         self._writer: pq.ParquetWriter | None = None
@@ -54,7 +55,15 @@ class CounterLog:
             raise ValueError(f"spill limit must be >= 1 event, got {limit}")
         self._spill, self._limit = path, limit
 
+    def discard(self) -> None:
+        """From now on, keep no events: for counters whose log nobody reads (a gateway's
+        flow control logged one event per token it passed, 24 bytes each, in memory)."""
+        self._kept = False
+        self._clear()
+
     def add(self, time: float, client: int, delta: float, value: float, cause: int) -> None:
+        if not self._kept:
+            return
         self._time.append(time)
         self._delta.append(delta)
         self._value.append(value)
@@ -70,6 +79,8 @@ class CounterLog:
     def add_many(
         self, times: np.ndarray, client: int, deltas: np.ndarray, values: np.ndarray, cause: int
     ) -> None:
+        if not self._kept:
+            return
         for buffer, column in ((self._time, times), (self._delta, deltas), (self._value, values)):
             buffer.frombytes(np.ascontiguousarray(column, dtype=np.float64).tobytes())
         if self._count and self._client[-1] == client and self._cause[-1] == cause:

@@ -46,7 +46,15 @@ import numpy as np
 
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.seam import ADMIT, Drop, Finished, OutputTokens, Policy, PromptTokens
+from simulator.core.seam import (
+    ADMIT,
+    CounterPolicy,
+    Drop,
+    Finished,
+    OutputTokens,
+    Policy,
+    PromptTokens,
+)
 from simulator.engines.step_model import StepModel
 from traces.schema import SLO_CLASSES, SLO_PRIORITY, Trace
 
@@ -351,6 +359,8 @@ class Gateway:
         if band is None:
             policy = copy.deepcopy(self.template)
             policy.bind(self.trace)
+            if isinstance(policy, CounterPolicy):  # its counters decide; nothing reads the log
+                policy.counter_log().discard()
             band = self.bands[priority] = Band(priority, WaitingQueue(self.client_of), policy)
         return band
 
@@ -417,7 +427,3 @@ class Gateway:
 
     def request_columns(self) -> dict[str, np.ndarray]:
         return {"gateway_dispatched_at": self.dispatched_at} if self.flow.enabled else {}
-
-    def counter_events(self) -> list[Any]:
-        """The bands' fairness policies (for their counter logs)."""
-        return [self.bands[p].policy for p in sorted(self.bands, reverse=True)]
