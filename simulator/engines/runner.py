@@ -664,9 +664,12 @@ class Runner:
         return timeline
 
     def replica_part(self, rep: StepModel) -> ReplicaPart:
+        """What the timeline takes of a replica at the run's end (its step clock is handed over:
+        the timeline's joined clock is then the one copy of it)."""
+        steps = {} if self.spill is not None else rep.steps.columns()
         return ReplicaPart(
-            steps={} if self.spill is not None else rep.steps.columns(),
-            clock=rep.token_clock(rep.steps.clock_columns()),
+            steps=steps,
+            clock=rep.token_clock(rep.steps.take_clock_columns()),
             now=rep.now,
             kv_used=rep.kv_used(),
             counts=rep.counts(),
