@@ -17,6 +17,7 @@ import pytest
 from simulator.api import compose_config, run_config, simulate_config
 from simulator.core.counters import DECODE, CounterLog
 from simulator.core.timeline import StepRecorder
+from simulator.engines.assemble import ReplicaPart, join_clocks
 from simulator.metrics.latency import gaps_within, grouped_tokens
 from simulator.metrics.pooled import PooledGaps, WeightedValues
 
@@ -165,3 +166,24 @@ def test_step_records_written_to_disk_are_the_in_memory_records(tmp_path):
     assert pq.ParquetFile(spilled.spill_file()).metadata.num_row_groups > 3
     for key, column in memory.clock_columns().items():
         assert np.array_equal(spilled.clock_columns()[key], column)
+
+
+def test_the_replicas_clocks_are_joined_into_one_copy_each_replicas_own_let_go_of():
+    """At a run's end each recorder hands its step clock over and keeps no reference to it;
+    joined, each part points into the timeline's clock, so no replica's own copy is held."""
+    recorders = [StepRecorder(), StepRecorder(), StepRecorder()]
+    for i, rec in enumerate(recorders):
+        rec.record(0.0, np.arange(1.0, 2.0 + i), list(range(1 + i)), DECODE, 1, 1)
+    parts = [
+        ReplicaPart(steps={}, clock=rec.take_clock_columns()["end"], now=0.0, kv_used=0, counts={})
+        for rec in recorders
+    ]
+    own = [part.clock for part in parts]
+    expected = np.concatenate(own)
+    joined = join_clocks(parts)
+    np.testing.assert_array_equal(joined, expected)
+    for part, mine in zip(parts, own, strict=True):
+        assert np.shares_memory(part.clock, joined) and not np.shares_memory(mine, joined)
+    with pytest.raises(RuntimeError, match="handed over"):
+        recorders[0].clock_columns()
+    assert len(recorders[0]) == 0
