@@ -181,7 +181,7 @@ class Andes(BasePolicy):
             (pair[4] + pair[5]) + (pair[6] + pair[7])
         )
         avoided *= self.horizon / (GRID - 1) / 2
-        k = expected
+        k = expected  # the last point's: tokens the user expects by the horizon's end
         whole = k * float(self.expected_ttft_of[req]) + k * max(k - 1, 0.0) / (2 * speed)
         return avoided / whole if whole > 0 else 0.0
 

@@ -666,7 +666,7 @@ class Runner:
     def replica_part(self, rep: StepModel) -> ReplicaPart:
         """What the timeline takes of a replica at the run's end (its step clock is handed over:
         the timeline's joined clock is then the one copy of it)."""
-        steps = {} if self.spill is not None else rep.steps.columns()
+        steps = {} if self.spill is not None else rep.steps.columns()  # read before the handover
         return ReplicaPart(
             steps=steps,
             clock=rep.token_clock(rep.steps.take_clock_columns()),
