@@ -12,17 +12,24 @@ requests. From it:
 The fit is ordinary least squares: prefill time per request = a + b * input_len (a becomes the
 per-request term), decode step time = c + d * B + e * context. The numbers it gives are written in
 `conf/cost_model/a10g_llama7b.yaml`; a test re-runs the fit when the profile is present.
+
+`fit_router_timings` fits the decode terms and the per-step overhead to a server's measured
+per-request timings instead (what a kernel profile cannot see); its numbers on the artifact's two
+FCFS runs are `conf/cost_model/a10g_llama7b_artifact.yaml`, and a test re-runs that fit too.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import nnls
 
 from cost_models.linear import LinearStepCost
+from cost_models.table import ProfileError
 
 
 def vtc_profile_table(path: str | Path) -> pd.DataFrame:
@@ -55,4 +62,70 @@ def fit_vtc_profile(path: str | Path) -> LinearStepCost:
         decode_per_context_token=float(e),
         prefill_per_token=float(b),
         prefill_per_request=float(a),
+    )
+
+
+@dataclass(frozen=True)
+class RouterTimings:
+    """One measured run of a serving router, per completed request: when it was sent, when its
+    first token and its last token came back (seconds), and the prompt tokens the server
+    counted and the output tokens it generated."""
+
+    sent: np.ndarray
+    first_token: np.ndarray
+    finished: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+
+
+SAMPLES_PER_REQUEST = 40  # instants at which a request's decode interval is read
+SAME_PREFILL = 0.01  # seconds: first tokens this close together came from one prefill step
+
+
+def fit_router_timings(runs: list[RouterTimings], kernel: LinearStepCost) -> LinearStepCost:
+    """The decode terms and `step_overhead` that explain measured end-to-end timings, the prefill
+    terms kept from `kernel` (a kernel profile times prefill well; what it misses is the loop's
+    own cost per step and the decode step's shape as a real server runs it).
+
+    Between its first and last token a request of o output tokens sits through o - 1 decode
+    steps, each of the whole running batch, and through the prefill steps of the requests that
+    joined meanwhile (a continuous-batching router such as S-LoRA's prefills a new batch in a
+    step of its own). Its decode interval therefore costs
+
+        (o - 1) (decode_base + step_overhead) + decode_per_seq (o - 1) n + decode_per_context_token
+        (o - 1) C + step_overhead B + prefill kernel time of what joined,
+
+    with n and C the batch size and the context (prompt plus tokens generated, each request's
+    tokens taken to grow evenly between its first and last token) averaged over the interval,
+    and B the prefill steps in it. A non-negative least-squares fit over every request of every
+    run gives the four coefficients; B separates the per-step overhead from the decode base."""
+    rows: list[list[float]] = []
+    targets: list[float] = []
+    for run in runs:
+        f, e = np.asarray(run.first_token, float), np.asarray(run.finished, float)
+        p, o = np.asarray(run.prompt, float), np.asarray(run.output, float)
+        span = np.maximum(e - f, 1e-12)
+        for i in np.flatnonzero((o >= 3) & (e > f)):
+            t = f[i] + (np.arange(SAMPLES_PER_REQUEST) + 0.5) * (e[i] - f[i]) / SAMPLES_PER_REQUEST
+            live = (f[None, :] <= t[:, None]) & (t[:, None] < e[None, :])
+            grown = np.clip((t[:, None] - f[None, :]) / span[None, :], 0.0, 1.0)
+            n = live.sum(axis=1).mean()
+            context = ((p[None, :] + o[None, :] * grown) * live).sum(axis=1).mean()
+            joined = (f > f[i]) & (f < e[i])
+            firsts = np.sort(f[joined])
+            steps = 0 if not firsts.size else 1 + int((np.diff(firsts) > SAME_PREFILL).sum())
+            k = o[i] - 1
+            rows.append([k, k + steps, k * n, k * context])
+            prefill = kernel.prefill_per_token * p[joined].sum()
+            targets.append(e[i] - f[i] - prefill - kernel.prefill_per_request * joined.sum())
+    if not rows:
+        raise ProfileError("fit_router_timings: no completed request with 3 or more output tokens")
+    base, overhead, per_seq, per_context = nnls(np.array(rows), np.array(targets))[0]
+    return LinearStepCost(
+        decode_base=float(base),
+        decode_per_seq=float(per_seq),
+        decode_per_context_token=float(per_context),
+        prefill_per_token=kernel.prefill_per_token,
+        prefill_per_request=kernel.prefill_per_request,
+        step_overhead=float(overhead),
     )

@@ -2,10 +2,20 @@ import numpy as np
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from test_vtc_artifact_logs import LOGS, artifact_requests
 
-from conftest import ROOT, a10g_cost, shared_file
+from conftest import ROOT, a10g_cost, random_trace, shared_file
 from cost_models import ConstantStepCost, LinearStepCost, ProfileError, TableStepCost
-from cost_models.profiles import fit_vtc_profile, vtc_profile_table
+from cost_models.profiles import (
+    RouterTimings,
+    fit_router_timings,
+    fit_vtc_profile,
+    vtc_profile_table,
+)
+from policies import FCFS
+from simulator.engines import simulate
+from simulator.engines.slora import SLoRAConfig
+from traces.vtc_suites import ArtifactSuite
 
 
 def test_a10g_defaults_land_on_the_published_speed_facts():
@@ -32,6 +42,74 @@ def test_conf_coefficients_are_the_documented_fit_of_the_profile():
         "decode_per_context_token",
     ):
         assert conf[name] == pytest.approx(getattr(fitted, name), rel=1e-12), name
+
+
+def router_timings(requests, server_added_tokens=0):
+    done = requests[requests.status == "completed"]
+    return RouterTimings(
+        sent=done.arrival.to_numpy(),
+        first_token=done.first_token_at.to_numpy(),
+        finished=done.finished_at.to_numpy(),
+        prompt=done.prompt_len.to_numpy() + server_added_tokens,
+        output=done.output_len.to_numpy(),
+    )
+
+
+def test_artifact_cost_model_is_the_router_fit_of_the_artifacts_fcfs_logs():
+    # the artifact's server counts n + 2 tokens for the n its logs record (ArtifactSuite's default)
+    added = ArtifactSuite.__dataclass_fields__["server_added_tokens"].default
+    runs = [
+        router_timings(artifact_requests(LOGS / "FCFS" / f"all_results_{w}.jsonl.gz")[0], added)
+        for w in ("real", "overload")
+    ]
+    fitted = fit_router_timings(runs, a10g_cost())
+    conf = OmegaConf.load(ROOT / "conf/cost_model/a10g_llama7b_artifact.yaml")
+    for name, value in vars(fitted).items():
+        assert conf.get(name, 0.0) == pytest.approx(value, rel=1e-9), name
+    # the prefill terms are the kernel fit's; the loop costs tens of ms per step end to end
+    assert (fitted.prefill_per_token, fitted.prefill_per_request) == (
+        a10g_cost().prefill_per_token,
+        a10g_cost().prefill_per_request,
+    )
+    assert 0.02 < fitted.step_overhead + fitted.decode_base < 0.04
+
+
+@pytest.mark.parametrize("seed, rate", [(1, 3.0), (2, 6.0)])
+def test_router_fit_predicts_the_step_times_of_a_router_simulated_with_a_known_cost(seed, rate):
+    # a known cost behind FCFS on the S-LoRA router; the fit sees only each request's times
+    true = LinearStepCost(
+        decode_base=0.012,
+        decode_per_seq=2e-4,
+        decode_per_context_token=1.5e-6,
+        prefill_per_token=2e-4,
+        prefill_per_request=5e-4,
+        step_overhead=0.02,
+    )
+    tr = random_trace(seed=seed, n=400, clients=4, max_prompt=600, max_output=300, rate=rate)
+    tl = simulate(tr, FCFS(), true, SLoRAConfig(pool_tokens=20_000))
+    fit = fit_router_timings([router_timings(tl.requests_frame())], true)
+    steps = {k: np.asarray(v) for k, v in tl.steps.items()}
+    decode = steps["kind"] == 1
+    batch, ctx = steps["batch_size"], steps["kv_used"]
+
+    def decode_times(c):
+        return np.array([c.decode_time(int(b), int(x)) for b, x in zip(batch[decode], ctx[decode])])
+
+    def prefill_times(c):
+        per_request = c.prefill_per_request * batch[~decode]
+        return c.step_overhead + per_request + c.prefill_per_token * steps["num_tokens"][~decode]
+
+    assert decode.sum() > 1000 and (~decode).sum() > 100
+    assert np.mean(np.abs(decode_times(fit) / decode_times(true) - 1)) < 0.04
+    assert np.mean(np.abs(prefill_times(fit) / prefill_times(true) - 1)) < 0.12
+    busy = decode_times(fit).sum() + prefill_times(fit).sum()
+    assert busy == pytest.approx(decode_times(true).sum() + prefill_times(true).sum(), rel=0.01)
+
+
+def test_router_fit_needs_requests_with_decode_steps():
+    one = RouterTimings(*(np.array([v]) for v in (0.0, 0.1, 0.2, 10, 2)))
+    with pytest.raises(ProfileError, match="3 or more output tokens"):
+        fit_router_timings([one], a10g_cost())
 
 
 def test_linear_model_is_elementwise_and_validates():

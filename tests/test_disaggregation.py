@@ -167,7 +167,9 @@ def check_pools(tl, prefill_cfg, decode_cfg, prefill):
     horizon=st.sampled_from([None, 2.0]),
     make_policy=st.sampled_from([FCFS, VTC, LCF]),
     cpu_tier=st.sampled_from(["none", "recompute", "swap"]),
-    dispatcher=st.sampled_from(["least_requests", "scored", "stale"]),
+    dispatcher=st.sampled_from(
+        ["least_requests", "round_robin", "least_tokens", "scored", "stale"]
+    ),
 )
 # found by this search: a decode run's one step spanning an arrival took its blocks only at
 # its end, so the decider read a prefix cache stepping one by one had already evicted from
