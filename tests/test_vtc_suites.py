@@ -155,3 +155,19 @@ def test_the_server_sees_each_drawn_prompt_as_bos_n_tokens_and_a_trailing_space(
     np.testing.assert_array_equal(suite.build(42).arrival, drawn.build(42).arrival)
     with pytest.raises(TraceError, match="server_added_tokens must be >= 0"):
         ArtifactSuite(mode="uniform", rates=[1.0], duration=30, server_added_tokens=-1)
+
+
+def test_the_server_sees_each_real_trace_prompt_as_its_recorded_length_plus_two():
+    """The real trace's prompts are sent as "Hello " * n as well (the artifact's
+    fair_bench/trace.py, parse_into_req): the server counts n + 2 of the recorded n."""
+    from traces import VTCRealTrace
+
+    recorded = load_vtc_real(VTCRealTrace().resolve())
+    served = VTCRealTrace().build(0)
+    np.testing.assert_array_equal(served.prompt_len, recorded.prompt_len + 2)
+    np.testing.assert_array_equal(served.output_len, recorded.output_len)
+    np.testing.assert_array_equal(served.arrival, recorded.arrival)
+    as_recorded = VTCRealTrace(server_added_tokens=0).build(0)
+    np.testing.assert_array_equal(as_recorded.prompt_len, recorded.prompt_len)
+    with pytest.raises(TraceError, match="server_added_tokens must be >= 0"):
+        VTCRealTrace(server_added_tokens=-1)

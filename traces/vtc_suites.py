@@ -20,6 +20,7 @@ ON/OFF (`on_off` = period > 0): client 0's requests with floor(t / period) odd a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,9 +204,17 @@ class VTCRealTrace:
 
     path: str = REAL_TRACE
     name: str = "vtc_real"
+    # tokens the server adds to each recorded prompt length: the artifact sends these prompts
+    # as "Hello " * n too (fair_bench/trace.py), which its server encodes as n + 2 tokens
+    server_added_tokens: int = 2
+
+    def __post_init__(self) -> None:
+        if self.server_added_tokens < 0:
+            raise TraceError(f"workload '{self.name}': server_added_tokens must be >= 0")
 
     def resolve(self) -> Path:
         return resolve_path(self.path, f"workload '{self.name}' trace")
 
     def build(self, seed: int) -> Trace:
-        return load_vtc_real(self.resolve())
+        trace = load_vtc_real(self.resolve())
+        return dataclasses.replace(trace, prompt_len=trace.prompt_len + self.server_added_tokens)

@@ -109,11 +109,6 @@ REASONS: dict[str, str] = {
         f"vtc/2/{label}/diff_var": _VARIANCE
         for label in ("FCFS", "VTC(predict)", "VTC(oracle)", "RPM(20)")
     },
-    "vtc/3/VTC/max_diff": (
-        "a maximum over the run's 19 windows under the profiled counter, spread widely across "
-        "replications (p5 to p95 about -18% to +25% of the median); the published run lies 4% "
-        "above the simulated p95, its Diff Var inside [p5, p95] and Avg Diff within 15%"
-    ),
     **{f"vtc/3/{label}/diff_var": _VARIANCE for label in ("FCFS", "LCF", "VTC(oracle)", "RPM(20)")},
     **{f"vtc/6/{label}/diff_var": _VARIANCE for label in ("VTC(±50%)", "VTC(oracle)")},
     "vtc/2/RPM(5)/ttft_mean_s": _OVERHEAD,
