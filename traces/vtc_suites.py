@@ -20,9 +20,8 @@ ON/OFF (`on_off` = period > 0): client 0's requests with floor(t / period) odd a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -217,4 +216,4 @@ class VTCRealTrace:
 
     def build(self, seed: int) -> Trace:
         trace = load_vtc_real(self.resolve())
-        return dataclasses.replace(trace, prompt_len=trace.prompt_len + self.server_added_tokens)
+        return replace(trace, prompt_len=trace.prompt_len + self.server_added_tokens)

@@ -85,7 +85,7 @@ _ALIAS = (
     "windows, so it swings with the step time: with every step time 1% shorter one run gives "
     "Avg Diff 98.6 and Diff Var 8,172 on Table 5 (67.1 and 4,024 on Table 4), 1% longer 124.6 "
     "and 4,241 (90.7 and 2,076), as fitted 127.6 and 3,366 (94.1 and 1,514), where the cost "
-    "fit's own error on these runs is about 1%"
+    "fit's own error on these runs is about 1% (benchmarks/vtc_step_time_sensitivity.py)"
 )
 _VARIANCE = (
     "a variance: it scales with the square of the differences, so Max and Avg Diff within "
@@ -105,11 +105,7 @@ _FAIRSERVE_TRACE = (
 REASONS: dict[str, str] = {
     **{f"vtc/{table}/VTC/{key}": _ALIAS for table in ("4", "5") for key in VTC_KEYS},
     **{f"suites/regimes/{key}": _ALIAS for key in ("max_diff", "avg_diff")},
-    **{
-        f"vtc/2/{label}/diff_var": _VARIANCE
-        for label in ("FCFS", "VTC(predict)", "VTC(oracle)", "RPM(20)")
-    },
-    **{f"vtc/3/{label}/diff_var": _VARIANCE for label in ("FCFS", "LCF", "VTC(oracle)", "RPM(20)")},
+    "vtc/2/VTC(oracle)/diff_var": _VARIANCE,
     **{f"vtc/6/{label}/diff_var": _VARIANCE for label in ("VTC(±50%)", "VTC(oracle)")},
     "vtc/2/RPM(5)/ttft_mean_s": _OVERHEAD,
     "fairserve/fairserve_overload/rpm_interaction/throttled_requests": _FAIRSERVE_TRACE,
