@@ -6,8 +6,9 @@ of 20 requests; the Max / Avg Diff and Diff Var the paper prints are that altern
 through 60 s windows. This prints, for Tables 4 and 5's VTC rows, one unjittered run with every
 term of the row's cost model scaled by each `--scales` factor (1.0: as fitted), beside the
 published figures. With `--logs` (the artifact's result logs, shipped as test data in
-tests/data/vtc_artifact) it also prints the median time between the prefill batches of 10 or
-more requests that start each cycle, under FCFS and VTC, in the logs and in fairsim.
+tests/data/vtc_artifact) it also prints, under FCFS and VTC, in the logs and in fairsim: the
+median time between the prefill batches of 10 or more requests that start each cycle, the most
+common batch sizes, and the share of those large batches that hold one client's requests only.
 Prints one JSON object last.
 
 Usage: python benchmarks/vtc_step_time_sensitivity.py [--scales 0.99,1,1.01] [--logs DIR]
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -50,15 +52,25 @@ def scaled(table: str, scales: list[float]) -> dict[str, dict[str, float]]:
     return out
 
 
-def cycle(first_tokens: np.ndarray) -> float:
-    """Median time between the starts of successive prefill batches of 10 or more requests."""
-    f = np.sort(first_tokens)
+def batches(first_tokens: np.ndarray, clients: np.ndarray) -> dict[str, float | list[int]]:
+    """The prefill batches (first tokens within SAME_BATCH of each other): the median time
+    between the starts of those of 10 or more requests (one per cycle), the most common sizes,
+    and the share of the large ones that hold one client's requests only."""
+    order = np.argsort(first_tokens, kind="stable")
+    f, c = first_tokens[order], clients[order]
     starts = np.concatenate([[0], np.flatnonzero(np.diff(f) > SAME_BATCH) + 1])
     sizes = np.diff(np.concatenate([starts, [len(f)]]))
-    return float(np.median(np.diff(f[starts][sizes >= 10])))
+    large = [i for i in range(len(starts)) if sizes[i] >= 10]
+    one_client = [len(set(c[starts[i] : starts[i] + sizes[i]].tolist())) == 1 for i in large]
+    common = Counter(sizes.tolist()).most_common(4)
+    return {
+        "cycle_s": round(float(np.median(np.diff(f[starts][sizes >= 10]))), 3),
+        "common_batch_sizes": sorted(size for size, _ in common),
+        "large_batches_of_one_client": round(float(np.mean(one_client)), 3),
+    }
 
 
-def cycles(logs: Path) -> dict[str, dict[str, float]]:
+def cycles(logs: Path) -> dict[str, dict[str, dict[str, float | list[int]]]]:
     out = {}
     for policy, folder in (("fcfs", "FCFS"), ("vtc", "VTC")):
         path = logs / folder / "all_results_overload.jsonl.gz"
@@ -66,14 +78,16 @@ def cycles(logs: Path) -> dict[str, dict[str, float]]:
             responses = json.loads(fh.readline())["result"]["responses"]
         served = [r for r in responses if r["first_token_latency"] >= 0]
         logged = np.array([r["req_time"] + r["first_token_latency"] for r in served])
+        names = np.array([r["adapter_dir"] for r in served])
         cfg = compose_config(
             ["experiment=vtc_overload", f"policy={policy}", "workload.duration=600"]
         )
-        requests = simulate_config(cfg).requests_frame()
-        simulated = requests.first_token_at.dropna().to_numpy()
+        requests = simulate_config(cfg).requests_frame().dropna(subset=["first_token_at"])
         out[policy] = {
-            "artifact_s": round(cycle(logged), 3),
-            "fairsim_s": round(cycle(simulated), 3),
+            "artifact": batches(logged, names),
+            "fairsim": batches(
+                requests.first_token_at.to_numpy(), requests.client.astype(str).to_numpy()
+            ),
         }
     return out
 
@@ -94,8 +108,9 @@ def main() -> None:
             )
     if args.logs is not None:
         result["cycle"] = cycles(args.logs)
-        for policy, c in result["cycle"].items():  # type: ignore[union-attr]
-            print(f"cycle under {policy}: artifact {c['artifact_s']} s, fairsim {c['fairsim_s']} s")
+        for policy, sides in result["cycle"].items():  # type: ignore[union-attr]
+            for side, facts in sides.items():
+                print(f"{policy} {side:8s} " + "  ".join(f"{k} {v}" for k, v in facts.items()))
     print(json.dumps(result))
 
 
