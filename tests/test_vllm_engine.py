@@ -439,3 +439,53 @@ def test_prefix_hit_rate_on_the_agentic_sessions_stays_within_the_unlimited_cach
     summary = replicas.engine_counts(tl.requests_frame())
     admitted = ~np.isnan(tl.admitted_at)
     assert summary["prefix_hit_rate"] <= bound[admitted].sum() / tr.prompt_len[admitted].sum()
+
+
+def pool_state(pool):
+    """Everything a BlockPool decides with: blocks held, cache keys and eviction order, empty
+    blocks, tracked matches."""
+    trackers = {k: dict(v) for k, v in pool._trackers.items()}
+    return pool.empty, pool.held, pool.refs, list(pool.lru), pool.tracked, trackers
+
+
+def pool_with_history(seed: int) -> tuple[BlockPool, list[int], list[int]]:
+    """A small pool after random admissions (prompt blocks of three shared families),
+    registrations and releases, with three waiting requests' matches tracked; the requests
+    still running and the tokens each holds blocks for."""
+    rng = np.random.default_rng(seed)
+    pool = BlockPool(num_blocks=18, block_size=4, caching=True)
+    rows, tokens = [], []
+    for req in range(10):
+        keys = [int(rng.integers(0, 3)) * 100 + j for j in range(3)] + [1000 * req]
+        n = int(rng.integers(5, 17))
+        hit = pool.cached_prefix(keys, n)
+        if pool.fits(keys, hit, n, 0):
+            pool.admit(req, keys, hit, n, 0)
+            pool.register(req, keys, n)
+            if rng.random() < 0.5:
+                pool.release(req)  # its full blocks stay cached, to be evicted
+            else:
+                rows.append(req)
+                tokens.append(n)
+    for req in range(10, 13):
+        pool.tracked_prefix(req, [int(rng.integers(0, 3)) * 100 + j for j in range(3)], 13)
+    return pool, rows, tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 10_000), steps=st.integers(2, 12), data=st.data())
+def test_a_cut_run_leaves_the_pool_as_the_shorter_run_would_have(seed, steps, data):
+    """A run of decode steps takes every step's blocks when it is decided (evicting cached
+    blocks once the empty ones run out); cut to its first `kept` steps (`shorten`), the pool is
+    exactly what deciding only those steps leaves: held blocks, empty blocks, cached keys in
+    their eviction order, and the matches tracked for waiting requests."""
+    kept = data.draw(st.integers(1, steps - 1))
+    (long, rows, tokens), (short, _, _) = pool_with_history(seed), pool_with_history(seed)
+    steps = min(steps, long.decode_steps_that_fit(tokens, steps))  # a run's blocks fit
+    if not rows or kept >= steps:
+        return
+    _, taken, evicted = long.decode(rows, tokens, steps)
+    long.shorten(rows, tokens, steps, kept, taken, evicted)
+    short.decode(rows, tokens, kept)
+    long.check()
+    assert pool_state(long) == pool_state(short)

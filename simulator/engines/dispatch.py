@@ -46,6 +46,9 @@ class Dispatcher:
     static: ClassVar[bool] = False  # the choice depends on the request only
     shared: ClassVar[bool] = False  # one queue and one policy for every replica
     tracks_load: ClassVar[bool] = False  # wants to hear when a routed request ends
+    # routing reads the replicas' state (not only the request and its own books): a run of
+    # decode steps must then end at every arrival (simulator/engines/runner.py, `cuts_runs`)
+    reads_replicas: ClassVar[bool] = True
     interval = 0.0  # seconds between the snapshots `scrape` takes (`scrapes`)
 
     def __init__(self, replicas: int, client_of: list[int]) -> None:
@@ -83,6 +86,7 @@ class Dispatcher:
 
 class RoundRobin(Dispatcher):
     static = True
+    reads_replicas = False
 
     def __init__(self, replicas: int, client_of: list[int]) -> None:
         super().__init__(replicas, client_of)
@@ -99,6 +103,7 @@ class RoundRobin(Dispatcher):
 
 class ClientAffinity(Dispatcher):
     static = True
+    reads_replicas = False
 
     def route(self, req: int, replicas: list[StepModel], now: float = 0.0) -> int:
         if self.available is None:
@@ -109,6 +114,7 @@ class ClientAffinity(Dispatcher):
 
 class LeastRequests(Dispatcher):
     tracks_load = True
+    reads_replicas = False  # its own count of what it routed and has not ended
 
     def __init__(self, replicas: int, client_of: list[int]) -> None:
         super().__init__(replicas, client_of)
@@ -128,6 +134,8 @@ class LeastRequests(Dispatcher):
 
 
 class LeastTokens(LeastRequests):
+    reads_replicas = True  # each routed request's tokens left
+
     def load(self, replica: int, replicas: list[StepModel]) -> int:
         model = replicas[replica]
         return sum(model.remaining_tokens(r) for r in self.outstanding[replica])
@@ -261,6 +269,12 @@ class Scored(Dispatcher):
     @property
     def scrapes(self) -> bool:
         return self.interval > 0 and any(name in SCRAPED for name, _ in self.weights)
+
+    @property
+    def reads_replicas(self) -> bool:  # type: ignore[override]
+        """Reports read at the instant of routing, or each routed request's tokens left."""
+        instant = self.interval == 0 and any(name in SCRAPED for name, _ in self.weights)
+        return instant or any(name == "in_flight_tokens" for name, _ in self.weights)
 
     def scrape(self, replicas: list[StepModel], now: float) -> None:
         """Take a snapshot of the replicas' reports; the picker sees it `delay` later."""

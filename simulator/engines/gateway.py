@@ -276,6 +276,9 @@ class Gateway:
         self.queued = 0
         self.expiries: list[tuple[float, int]] = []  # (expiry, request) while it waits
         self.dispatched_at = np.full(len(trace), np.nan)
+        # KV in use on a replica as of an instant: after its last step (the runner's reading
+        # when a run of decode steps may be under way then)
+        self.kv_now: Callable[[StepModel, float], int] = lambda rep, now: rep.steps.last_kv
         if self.flow.enabled:
             policy = cfg.fairness_policy
             if policy is None:
@@ -309,7 +312,7 @@ class Gateway:
         if kind == "token_bucket":
             return self._take_tokens(req, now)
         if kind == "saturation":
-            if self.priority[req] < 0 and self.saturated(replicas):
+            if self.priority[req] < 0 and self.saturated(replicas, now):
                 return SATURATED
             return None
         if kind == "tier_shedding":
@@ -343,13 +346,12 @@ class Gateway:
             seen.setdefault(id(rep.queue), rep)
         return list(seen.values())
 
-    def saturated(self, replicas: list[StepModel]) -> bool:
-        """No replica has room (fewer waiting than the queue depth and KV use under the
-        threshold after its last step)."""
-        s = self.saturation
+    def saturated(self, replicas: list[StepModel], now: float) -> bool:
+        """No replica has room at `now` (fewer waiting than the queue depth and KV use under
+        the threshold after its last step)."""
+        s, kv_now = self.saturation, self.kv_now
         return not any(
-            len(rep.queue) < s.queue_depth
-            and rep.steps.last_kv < s.kv_utilization * rep.pool_tokens
+            len(rep.queue) < s.queue_depth and kv_now(rep, now) < s.kv_utilization * rep.pool_tokens
             for rep in replicas
         )
 
@@ -381,7 +383,7 @@ class Gateway:
             if self._waiting(req):
                 self._leave(req)
                 reject(req, now, TTL_EXPIRED)
-        while self.queued and not self.saturated(replicas):
+        while self.queued and not self.saturated(replicas, now):
             picked = self._next(now, reject)
             if picked is None:
                 return

@@ -287,10 +287,13 @@ class BlockPool:
             lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
         return lo
 
-    def decode(self, rows: list[int], tokens: list[int], steps: int) -> list[int]:
+    def decode(
+        self, rows: list[int], tokens: list[int], steps: int
+    ) -> tuple[list[int], int, list[int]]:
         """Requests holding blocks for exactly `tokens[i]` tokens each compute one more token in
-        each of `steps` steps (`decode_steps_that_fit` said they fit): take their new blocks and
-        return the KV tokens in use after each step."""
+        each of `steps` steps (`decode_steps_that_fit` said they fit): take their new blocks.
+        Returns the KV tokens in use after each step, the blocks taken and the cached keys
+        evicted for them, in order (what `shorten` needs to give back the last steps')."""
         b, held = self.block_size, self.held
         grown = [0] * (steps + 1)  # blocks newly taken at each step
         for r, t in zip(rows, tokens, strict=True):
@@ -301,21 +304,50 @@ class BlockPool:
                     grown[f] += 1
                     f += b
         in_use = [u * b for u in accumulate(grown[1:], initial=self.used)][1:]
-        self._take(sum(grown))
-        return in_use
+        taken = sum(grown)
+        return in_use, taken, self._take(taken)
 
-    def _take(self, n: int) -> None:
+    def shorten(
+        self, rows: list[int], tokens: list[int], steps: int, kept: int, taken: int,
+        evicted: list[int],
+    ) -> None:  # fmt: skip
+        """A run `decode` took `steps` steps of (`taken` blocks, `evicted` keys) keeps only its
+        first `kept`: the other steps' blocks come back as if never taken, evicted keys to the
+        front of the eviction order and the rest to the empty blocks (nothing else touched
+        this pool since: its replica was in the run)."""
+        b, held = self.block_size, self.held
+        back = 0
+        for r, t in zip(rows, tokens, strict=True):
+            extra = -(-(t + steps) // b) - -(-(t + kept) // b)
+            if extra:
+                held[r] -= extra
+                back += extra
+        # the shorter run would have taken taken - back blocks: the empty ones first, then the
+        # first of the same evictions
+        evicted_then = max(0, taken - back - (taken - len(evicted)))
+        for key in reversed(evicted[evicted_then:]):
+            self.refs[key] = 0
+            self.lru[key] = None
+            self.lru.move_to_end(key, last=False)
+            if key in self._trackers:
+                self._key_entered(self._trackers[key])
+        self.empty += back - (len(evicted) - evicted_then)
+
+    def _take(self, n: int) -> list[int]:
         """Hand out n blocks: empty ones first, then evict cached ones (the caller checked
-        that n <= free)."""
+        that n <= free). Returns the evicted keys, in order."""
         from_empty = min(n, self.empty)
         self.empty -= from_empty
+        evicted = []
         for _ in range(n - from_empty):  # evict the least recently freed cached blocks
             key, _ = self.lru.popitem(last=False)
             del self.refs[key]
+            evicted.append(key)
             if self.cpu is not None:
                 self.cpu.store(key)
             if key in self._trackers:
                 self._key_left(self._trackers[key])
+        return evicted
 
     def register(self, req: int, keys: list[int], computed: int) -> None:
         """After a step: the request's full prompt blocks now computed become cached (first

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import time as wallclock
+from bisect import bisect_left
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +34,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.events import EventPriority
 
 from cost_models.base import StepCostModel
 from simulator.core.queue import WaitingQueue
@@ -77,6 +79,24 @@ Progress = Callable[[ProgressSnapshot], None]
 
 
 BUSY, IDLE, HELD, DONE = range(4)  # how a standalone replica's burst of steps ended
+
+
+class At(simpy.Event):
+    """An event `delay` from now at a given SimPy priority: of the events at one instant,
+    SimPy takes the lower priority first, then the earlier scheduled. Coupled replicas use it
+    so that, at one instant, every other event comes first (arrivals, ticks, transfers), then
+    the steps ending then, in replica order, then the decisions, in replica order, however
+    they were scheduled (a run cut short reschedules its end)."""
+
+    def __init__(self, env: simpy.Environment, delay: float, priority: int) -> None:
+        self.env = env  # (as SimPy's own Timeout sets itself up)
+        self.callbacks: list = []
+        self._value = None
+        self._ok = True
+        env.schedule(self, EventPriority(priority), delay)
+
+
+STEP_END = 2  # priority of replica i's step end: STEP_END + i (SimPy's NORMAL events are 1)
 ABORTED = "aborted"  # the reason of a request whose client went away (live mode)
 
 
@@ -177,6 +197,8 @@ class Runner:
         self._wake: list[simpy.Event | None] = [None] * n  # set while a coupled replica idles
         self._held: list[Plan | None] = [None] * n  # a step ending at or after the frontier
         self._stepping: list[float | None] = [None] * n  # coupled: the end of the step under way
+        self._in_flight: list[Plan | None] = [None] * n  # coupled: the plan under way
+        self._procs: list[simpy.Process | None] = [None] * n  # coupled: each replica's process
         self._changed: simpy.Event | None = None  # coupled: a release or push to wait for
         self._frontier_moved = self.env.event()
         self.started = False
@@ -184,6 +206,12 @@ class Runner:
         self._next_tick = np.inf  # when the autoscaler next reads the replicas
         self._gateway_wake: simpy.Event | None = None  # set while the gateway's TTL timer waits
         self.simulated = list(range(n))  # the replicas this process simulates
+        self.cuts_runs = self._cuts_runs()
+        if self.cuts_runs:
+            for rep in self.replicas:
+                rep.runs_cut = True  # type: ignore[attr-defined]
+            if self.gateway is not None:
+                self.gateway.kv_now = self._reported_kv
         # while forked processes simulate the other replicas (forked.py): drains their news and
         # gives the simulated time every one of them has reached
         self.others_reached: Callable[[], float] | None = None
@@ -213,6 +241,7 @@ class Runner:
             self.under_provisioned[req] = True
         gateway = self.gateway
         if gateway is not None:
+            held = self._gateway_holds()
             self.state.arrival[req] = now - self.frontend
             reason = gateway.arrive(req, now, self._serving())
             if reason is not None:
@@ -222,6 +251,9 @@ class Runner:
                 self.state.reason[req] = QUEUED
                 self._wake_gateway()
                 self._pump(now)
+                if self.cuts_runs and not held and self._gateway_holds():
+                    for i in range(len(self.replicas)):  # from now on, one step at a time
+                        self.cut(i, now)
                 return
         self._route(req, now)
 
@@ -249,6 +281,8 @@ class Runner:
             self._end(req, now, REFUSED, refusal)
             return
         queue = self.queues[replica]
+        if self.cuts_runs:  # its policy and queue as of now
+            self.cut(replica, now)
         rejection = self.replicas[replica].policy.on_arrival(req, now, queue)
         if rejection is not None:
             self._end(req, now, REJECTED, rejection)
@@ -308,6 +342,9 @@ class Runner:
     def prefilled(self, replica: int, rows: list[int], now: float) -> None:
         """Disaggregated pools: a prefill replica handed these requests off."""
         assert self.pools is not None
+        if self.cuts_runs:  # their decode replicas' policies and queues as of now
+            for j in sorted({int(self.pools.decode_of[r]) for r in rows}):
+                self.cut(j, now)
         self.pools.prefilled(replica, rows, now)
 
     def fetch_kv(self, replica: int, req: int, tokens: int, now: float) -> None:
@@ -347,7 +384,10 @@ class Runner:
                 self.env.process(self._autoscale())
             for i in self.simulated:
                 rep = self.replicas[i]
-                self.env.process(self._coupled(rep) if self.coupled else self._standalone(rep))
+                if self.coupled:
+                    self._procs[i] = self.env.process(self._coupled(rep))
+                else:
+                    self.env.process(self._standalone(rep))
         moved, self._frontier_moved = self._frontier_moved, self.env.event()
         moved.succeed()
         if until is not None and until <= self.env.now:
@@ -433,8 +473,11 @@ class Runner:
         return BUSY
 
     def _coupled(self, rep: StepModel) -> Generator[simpy.Event, float, None]:
-        """Coupled replicas: decide at a step's start, apply at its end, one step at a time."""
-        env, feed = self.env, self._feeds[rep.index]
+        """Coupled replicas: decide at a step's start, apply at its end, one step (or run) at a
+        time. At one instant, the steps ending then take effect in replica order, after every
+        other event of the instant, and the decisions follow in replica order (`At`)."""
+        env, feed, i = self.env, self._feeds[rep.index], rep.index
+        step_end, decide = STEP_END + i, STEP_END + len(self.replicas) + i
         while True:
             self.tick(rep.now)
             feed.ingest(rep.now)
@@ -442,26 +485,83 @@ class Runner:
                 return
             plan = rep.schedule(self._frontier_of(rep))
             if plan is None:
-                wake = self._wake[rep.index] = env.event()
+                wake = self._wake[i] = env.event()
                 own = rep.next_event()  # a KV load of its own ending
                 if own == np.inf:
                     rep.now = yield wake  # the time of the arrival (or preemption) that woke it
                 else:
                     yield env.any_of([wake, env.timeout(max(0.0, own - env.now))])
                     rep.now = wake.value if wake.triggered else own  # type: ignore[assignment]
-                self._wake[rep.index] = None
+                self._wake[i] = None
+                yield At(env, 0.0, decide)
                 continue
             # simulated time reaches plan.end only once the frontier has passed it
-            self._stepping[rep.index] = plan.end
-            yield env.timeout(max(0.0, plan.end - env.now))
-            self._stepping[rep.index] = None
+            self._stepping[i], self._in_flight[i] = plan.end, plan
+            while True:
+                try:
+                    yield At(env, max(0.0, plan.end - env.now), step_end)
+                    break
+                except simpy.Interrupt:  # the run was cut short (`cut`): wait for its new end
+                    plan = self._in_flight[i] or plan
+            plan = self._in_flight[i] or plan  # what a cut left of it, same end or not
+            self._in_flight[i] = self._stepping[i] = None
             rep.apply(plan)  # now = plan.end
             fleet = self.fleet
-            if fleet is not None and fleet.state[rep.index] == DRAINING and not rep.has_work():
-                fleet.release(rep.index, rep.now)  # drained: its GPU is free
+            if fleet is not None and fleet.state[i] == DRAINING and not rep.has_work():
+                fleet.release(i, rep.now)  # drained: its GPU is free
             if self.gateway is not None:
                 self._pump(rep.now)  # the pool may have room now
-            yield env.timeout(0)  # every replica applies its step before any decides
+            yield At(env, 0.0, decide)  # every replica applies its step before any decides
+
+    # ---- runs past arrivals -------------------------------------------------------------------
+    def _cuts_runs(self) -> bool:
+        """Whether coupled replicas' runs of decode steps may go on past arrivals, each cut
+        (`cut`) where something reaches its replica instead (a request routed to it, a
+        handoff from a prefill replica, the gateway starting to hold requests). Then whatever
+        reads a replica at an arrival reads nothing a run changes before its end: the
+        dispatcher its own books only, the gateway queue lengths and the KV use as of the
+        instant (`_reported_kv`); every replica taking runs can cut them (no CPU tier), and
+        arrivals are known in advance (not live, no chained calls)."""
+        if not self.coupled or self.pushed or self.dispatcher.shared or self.trace.chained:
+            return False
+        runs = [rep for rep in self.replicas if getattr(rep, "fast_forward", False)]
+        if not runs or not all(getattr(rep, "runs_may_be_cut", False) for rep in runs):
+            return False
+        pools = self.pools
+        if pools is None:
+            return not self.dispatcher.reads_replicas
+        return (
+            self.gateway is None
+            and pools.pd.decider != "cache_miss_above"  # (it reads a decode replica's cache)
+            and not pools.decode_dispatcher.reads_replicas
+        )
+
+    def cut(self, replica: int, t: float) -> None:
+        """Something reaches `replica` at `t`: a run of decode steps under way takes effect up
+        to `t` and ends with the step under way then (`VLLMReplica.cut_run`)."""
+        plan = self._in_flight[replica]
+        if plan is None:
+            return
+        rest = self.replicas[replica].cut_run(plan, t)  # type: ignore[attr-defined]
+        if rest is plan:
+            return
+        self._in_flight[replica] = rest
+        if rest.end != self._stepping[replica]:
+            self._stepping[replica] = rest.end
+            proc = self._procs[replica]
+            assert proc is not None
+            proc.interrupt()  # it waits for the new end
+
+    def _reported_kv(self, rep: StepModel, now: float) -> int:
+        """KV in use on `rep` after its last step ending before `now`: a run under way records
+        its steps at its end."""
+        plan = self._in_flight[rep.index]
+        kv = getattr(plan, "kv_used", None)
+        if plan is not None and kv is not None:
+            done = bisect_left(plan.ends, now)
+            if done:
+                return int(kv[done - 1])
+        return rep.steps.last_kv
 
     def _frontier_of(self, rep: StepModel) -> float:
         """Until when nothing from outside can reach or read coupled replica `rep`: the
@@ -475,6 +575,8 @@ class Runner:
             return self._colocated_frontier(rep)
         if not pools.fast_forward or rep.index < pools.P:
             return self.frontier
+        if self.cuts_runs:  # handoffs to it cut its runs
+            return min(self.frontier, pools.next_kv_arrival(rep.index), self._next_scrape)
         until = min(
             self.frontier,
             self._feeds[0].next_time(),
@@ -496,10 +598,15 @@ class Runner:
         the gateway read the replicas, and it may come here), snapshot and autoscaler tick
         (they read it); or now (one step) while the gateway holds requests: it reads every
         replica at every step end to send one."""
-        gateway = self.gateway
-        if gateway is not None and (gateway.queued or gateway.expiries):
+        if self._gateway_holds():
             return rep.now
+        if self.cuts_runs:  # an arrival routed to it cuts its run
+            return min(self.frontier, self._next_scrape, self._next_tick)
         return min(self.frontier, self._feeds[0].next_time(), self._next_scrape, self._next_tick)
+
+    def _gateway_holds(self) -> bool:
+        gateway = self.gateway
+        return gateway is not None and bool(gateway.queued or gateway.expiries)
 
     def _scraped(self) -> list[tuple[Dispatcher, list[StepModel]]]:
         """The dispatchers that read snapshots of their replicas, and those replicas."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,6 +225,8 @@ class DecodeRunPlan(Plan):
     rows: list[int]
     tokens: list[int]  # tokens each holds KV for before the run
     kv_used: list[int]  # KV tokens in use after each step (the blocks are taken when decided)
+    taken: int  # the blocks taken for it, and the cached keys evicted for them (`cut_run`)
+    evicted: list[int]
 
 
 class VLLMReplica:
@@ -284,6 +287,7 @@ class VLLMReplica:
         self.receiving: set[int] = set()  # admitted, blocks held, their KV still on the link
         self.received: list[int] = []  # KV arrived: they join the running batch next step
         self.unrecorded_preemptions = 0  # made in a step that then had nothing to run
+        self.runs_cut = False  # the runner cuts its runs where something reaches it (`cut_run`)
 
     # ---- what the runner asks ------------------------------------------------------------
     def has_work(self) -> bool:
@@ -781,7 +785,8 @@ class VLLMReplica:
         k = self.pool.decode_steps_that_fit(tokens, until_finish)
         if not k:
             return None
-        nxt = np.inf if n >= cfg.max_num_seqs else self.feed.next_time()  # admissible arrival
+        # an arrival it could admit ends the run, unless the runner cuts runs where one comes
+        nxt = np.inf if n >= cfg.max_num_seqs or self.runs_cut else self.feed.next_time()
         nxt = min(nxt, self.next_event())  # a load from the CPU tier joins at the next step
         horizon = np.inf if cfg.horizon is None else cfg.horizon
         ends = self._decode_ends(n, n + sum(tokens), k, min(nxt, horizon, frontier))
@@ -789,8 +794,42 @@ class VLLMReplica:
         # the run's blocks are taken now, as a step takes its blocks when it is decided: what
         # reads this pool during a run's last step (a decider, a dispatcher) sees what it would
         # see stepping one by one
-        kv = self.pool.decode(rows, tokens, k)
-        return DecodeRunPlan(self.now, ends[:k], float(ends[k - 1]), rows, tokens, kv)
+        kv, taken, evicted = self.pool.decode(rows, tokens, k)
+        return DecodeRunPlan(
+            self.now, ends[:k], float(ends[k - 1]), rows, tokens, kv, taken, evicted
+        )
+
+    @property
+    def runs_may_be_cut(self) -> bool:
+        """`cut_run` can give a run's blocks back: no CPU tier (keys evicted there stay)."""
+        return self.pool.cpu is None
+
+    def cut_run(self, plan: Plan, t: float) -> Plan:
+        """Something reaches this replica at `t` during `plan` (the runner's, when runs may go
+        past arrivals): of a run of decode steps, the steps that end before `t` take effect
+        now and only the one under way at `t` is left, its end the plan's; as if the run had
+        been decided up to `t`. Returns what is left (`plan` itself when nothing changes)."""
+        if type(plan) is not DecodeRunPlan:
+            return plan
+        ends, k = plan.ends, len(plan.ends)
+        done = bisect_left(ends, t)  # due before t (an arrival comes before a step's end)
+        if done == 0 and k == 1:
+            return plan
+        kept = min(k, done + 1)
+        rows, tokens = plan.rows, plan.tokens
+        if kept < k:
+            self.pool.shorten(rows, tokens, k, kept, plan.taken, plan.evicted)
+        start = plan.start
+        if done:  # (no request finishes before a run's last step)
+            self._apply_run(
+                DecodeRunPlan(start, ends[:done], float(ends[done - 1]), rows, tokens,
+                              plan.kv_used[:done], 0, [])
+            )  # fmt: skip
+            start = self.now
+        return DecodeRunPlan(
+            start, ends[done:kept], float(ends[kept - 1]), rows, [n + done for n in tokens],
+            plan.kv_used[done:kept], 0, [],
+        )  # fmt: skip
 
     def _decode_ends(self, n: int, context: int, k: int, cut: float) -> np.ndarray:
         """End times of up to k decode steps of n requests from now (context: the tokens the
