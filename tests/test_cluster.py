@@ -17,6 +17,7 @@ from simulator.core.requests import COMPLETED, IN_FLIGHT
 from simulator.engines import DISPATCHERS, ClusterConfig, SLoRAConfig, VLLMConfig, simulate
 from simulator.engines.autoscaler import AutoscalerConfig
 from simulator.engines.gateway import GatewayConfig
+from simulator.engines.runner import Runner
 from traces import Trace
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
@@ -340,6 +341,97 @@ def test_coupled_replicas_fast_forward_like_stepping(
     for key in fast.steps:
         assert np.array_equal(fast.steps[key], slow.steps[key]), key
     assert fast.info.get("fleet") == slow.info.get("fleet")
+
+
+# ---- runs past arrivals -----------------------------------------------------------------------
+
+
+def decisions_counted(runner):
+    """Count each replica's decisions (a step or a run of decode steps each)."""
+    counts = [0] * len(runner.replicas)
+    for rep in runner.replicas:
+        decide = rep.schedule
+
+        def counted(frontier, i=rep.index, decide=decide):
+            counts[i] += 1
+            return decide(frontier)
+
+        rep.schedule = counted
+    return counts
+
+
+def test_an_arrival_cuts_only_the_run_of_the_replica_it_reaches():
+    """Behind least_requests, replica 0 decodes two long requests and replica 1 one; ten short
+    requests then arrive, each routed to replica 1 (each ends before the next comes). Replica
+    0's run of decode steps goes on past every arrival, where replica 1's is cut at each:
+    replica 0 decides a few times only, where ending every run at every arrival takes a
+    decision per arrival on each; the timeline is the same as stepping one by one and as
+    ending every run at every arrival, bit for bit."""
+    arrival = [0.0, 0.0, 0.0] + [1.0 + 0.25 * k for k in range(10)]
+    output = [400, 400, 400] + [5] * 10  # requests 0 and 2 go to replica 0, 1 to replica 1
+    tr = trace(arrival, [40] * 13, output)
+    engine = VLLMConfig(pool_tokens=50_000)
+    cluster = ClusterConfig(2, "least_requests")
+
+    def run(cuts: bool, fast: bool = True):
+        runner = Runner(tr, FCFS(), CONST, dataclasses.replace(engine, fast_forward=fast), cluster)
+        if not cuts:  # every run ends at the next arrival, as before runs were cut
+            runner.cuts_runs = False
+            for rep in runner.replicas:
+                rep.runs_cut = False
+        counts = decisions_counted(runner)
+        return runner.close(), counts, runner.cuts_runs
+
+    cut, cut_counts, on = run(cuts=True)
+    whole, whole_counts, _ = run(cuts=False)
+    stepping, _, _ = run(cuts=True, fast=False)
+    assert on
+    assert tl_equal(cut, stepping) and tl_equal(cut, whole)
+    assert cut.request_columns["replica"].tolist() == [0, 1, 0] + [1] * 10
+    assert cut_counts[0] <= 4 < 10 < whole_counts[0]  # replica 0: not cut by the arrivals
+    assert cut_counts[1] >= 10  # replica 1: a decision at least at each arrival
+
+
+def tl_equal(a, b) -> bool:
+    same = a.requests_frame().equals(b.requests_frame())
+    same &= all(np.array_equal(x, y) for x, y in zip(a.token_times(), b.token_times(), strict=True))
+    return same and all(np.array_equal(a.steps[k], b.steps[k]) for k in a.steps)
+
+
+POOL = {"pool_tokens": 9000}
+PD = {"kv_bytes_per_token": 1024}  # (the constant cost model knows no model's KV size)
+FLOW = GatewayConfig(flow_control={"enabled": True}, fairness_policy=VTC())
+
+
+@pytest.mark.parametrize(
+    ("cluster", "engine", "cuts"),
+    [
+        (ClusterConfig(3, "least_requests"), VLLMConfig(**POOL), True),
+        (ClusterConfig(3, "round_robin", gateway=FLOW), VLLMConfig(**POOL), True),
+        (ClusterConfig(3, "scored", routing={"scorers": {"running_requests": 1}}),
+         VLLMConfig(**POOL), True),
+        # dispatchers reading what a run changes before its end: each routed request's tokens
+        # left, the replicas' caches, their reports at the instant
+        (ClusterConfig(3, "least_tokens"), VLLMConfig(**POOL), False),
+        (ClusterConfig(3, "d2lpm"), VLLMConfig(**POOL), False),
+        (ClusterConfig(3, "scored", routing=REPORTS), VLLMConfig(**POOL), False),
+        # a CPU tier (blocks evicted there cannot be taken back), fast-forward off, S-LoRA
+        (ClusterConfig(3, "least_requests"), VLLMConfig(**POOL, **PD, cpu_kv_tokens=4096), False),
+        (ClusterConfig(3, "least_requests"), VLLMConfig(**POOL, fast_forward=False), False),
+        (ClusterConfig(3, "least_requests"), SLoRAConfig(**POOL), False),
+        # pools: handoffs cut decode runs; not where the decider reads a decode replica's cache
+        (ClusterConfig(prefill_replicas=1, decode_replicas=2, disaggregation=PD),
+         VLLMConfig(**POOL), True),
+        (ClusterConfig(prefill_replicas=1, decode_replicas=2,
+                       disaggregation={**PD, "decider": "cache_miss_above"}),
+         VLLMConfig(**POOL), False),
+    ],
+)  # fmt: skip
+def test_runs_go_past_arrivals_only_where_nothing_read_at_an_arrival_changes_inside_a_run(
+    cluster, engine, cuts
+):
+    tr = trace([0.0, 0.1], [40, 40], [5, 5])
+    assert Runner(tr, FCFS(), CONST, engine, cluster).cuts_runs is cuts
 
 
 # ---- the scored dispatcher (an inference gateway's endpoint picker) ---------------------------
