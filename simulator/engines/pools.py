@@ -28,9 +28,15 @@ class Fleet(Host, Protocol):
 
     replicas: list[StepModel]
     env: simpy.Environment
+    cuts_runs: bool  # runs of decode steps go on past arrivals, cut where something reaches
 
     def accept(self, replica: int, req: int, now: float) -> None:
         """An arrival reaches `replica`: refused, rejected by its policy, or queued."""
+        ...
+
+    def cut(self, replica: int, t: float) -> None:
+        """Something reaches `replica` at `t`: a run of decode steps under way there ends with
+        the step under way then."""
         ...
 
 
@@ -210,6 +216,8 @@ class DisaggregatedPools:
         self._free_source(req, end)
         rep = runner.replicas[replica]
         assert isinstance(rep, VLLMReplica)
+        if runner.cuts_runs:  # its pool and running batch change now
+            runner.cut(replica, end)
         rep.kv_arrived(req)
         runner.queued(replica, end)
 
@@ -219,7 +227,8 @@ class DisaggregatedPools:
         rep = self.runner.replicas[i]
         assert isinstance(rep, VLLMReplica)
         rep.release_parked(req)
-        self.runner.queued(i, now)
+        if rep.has_work():  # (with nothing to do, the blocks change nothing it decides)
+            self.runner.queued(i, now)
 
     def released(self, req: int, now: float) -> None:
         """`req` ended: it no longer loads its replicas, and a prefill replica still holding

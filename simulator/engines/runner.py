@@ -11,10 +11,11 @@ trace) each run alone and may run ahead of simulated time, taking many steps at 
 (fast-forward); with `cluster.processes` > 1 an offline run simulates them in forked processes
 at once and merges what they return (simulator/engines/forked.py). Otherwise the replicas are
 coupled: each decides a step at its start and applies it at its end, so every replica and the
-dispatcher see the others exactly as of that instant; a run of decode steps is taken at once only
-while nothing from outside can reach or read the replica (`_frontier_of`). At one instant,
-arrivals come before the effects of a step ending then, and the next step's decisions come after
-both.
+dispatcher see the others exactly as of that instant; a run of decode steps is taken at once
+while nothing from outside can read what it changes, cut short where something reaches its
+replica (`cut`) or, where a reader needs it, ended at the next arrival (`_frontier_of`). At one
+instant, arrivals and other events come first, then the effects of the steps ending then, in
+replica order, and the next decisions after all of them, in replica order (`At`).
 
 Online use (`OnlineRunner`, simulator/engines/online.py): nothing arrives from the trace by
 itself; arrivals are pushed while the run goes, and `frontier` says up to when every arrival is
@@ -564,19 +565,21 @@ class Runner:
         return rep.steps.last_kv
 
     def _frontier_of(self, rep: StepModel) -> float:
-        """Until when nothing from outside can reach or read coupled replica `rep`: the
-        frontier; for co-located replicas, `_colocated_frontier`; for a decode replica of
-        disaggregated pools (whose policy is its own), the next arrival (the dispatchers read
-        it), the next end of a prefill step (a handoff), the next KV transfer to it, the next
-        KV load an idle prefill replica waits for, or now if an idle prefill replica with work
-        waiting could start a step at any instant (when blocks it needs are freed)."""
+        """Until when a run of decode steps of coupled replica `rep` may go, nothing from
+        outside reaching or reading it meanwhile but what cuts the run (`cut`): the frontier;
+        for co-located replicas, `_colocated_frontier`; for a decode replica of disaggregated
+        pools (whose policy is its own), the next KV transfer to it and snapshot, and unless
+        handoffs cut its runs (`cuts_runs`), the next arrival (the dispatchers read it), the
+        next end of a prefill step (a handoff), the next KV load an idle prefill replica waits
+        for, or now if an idle prefill replica with work waiting could start a step at any
+        instant (when blocks it needs are freed)."""
         pools = self.pools
         if pools is None:
             return self._colocated_frontier(rep)
         if not pools.fast_forward or rep.index < pools.P:
             return self.frontier
-        if self.cuts_runs:  # handoffs to it cut its runs
-            return min(self.frontier, pools.next_kv_arrival(rep.index), self._next_scrape)
+        if self.cuts_runs:  # handoffs and KV transfers to it cut its runs
+            return min(self.frontier, self._next_scrape)
         until = min(
             self.frontier,
             self._feeds[0].next_time(),
@@ -594,10 +597,11 @@ class Runner:
         return until
 
     def _colocated_frontier(self, rep: StepModel) -> float:
-        """For a coupled co-located replica taking runs: the next arrival (the dispatcher and
-        the gateway read the replicas, and it may come here), snapshot and autoscaler tick
-        (they read it); or now (one step) while the gateway holds requests: it reads every
-        replica at every step end to send one."""
+        """For a coupled co-located replica taking runs: the next snapshot and autoscaler tick
+        (they read it) and, unless an arrival routed to it cuts its run (`cuts_runs`), the
+        next arrival (the dispatcher and the gateway read the replicas, and it may come here);
+        or now (one step) while the gateway holds requests: it reads every replica at every
+        step end to send one."""
         if self._gateway_holds():
             return rep.now
         if self.cuts_runs:  # an arrival routed to it cuts its run
