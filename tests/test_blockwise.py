@@ -66,6 +66,9 @@ def test_a_spilled_run_writes_the_files_and_figures_of_the_in_memory_run(case, t
     whole_tl, whole = run_config(compose_config(overrides), tmp_path / "whole")
     blocks_tl, blocks = run_config(compose_config([*overrides, TINY_BUDGET]), tmp_path / "blocks")
     assert whole_tl.step_files is None and blocks_tl.step_files is not None
+    if len(whole_tl.token_clock):  # joined on disk, not in memory
+        assert isinstance(blocks_tl.token_clock, np.memmap)
+    assert np.array_equal(blocks_tl.token_clock, whole_tl.token_clock)
     assert blocks.tokens is None  # nothing per token is held
     a, b = tmp_path / "whole", tmp_path / "blocks"
     assert not (b / ".spill").exists()
@@ -165,7 +168,10 @@ def test_step_records_written_to_disk_are_the_in_memory_records(tmp_path):
     pd.testing.assert_frame_equal(read, expect)
     assert pq.ParquetFile(spilled.spill_file()).metadata.num_row_groups > 3
     for key, column in memory.clock_columns().items():
-        assert np.array_equal(spilled.clock_columns()[key], column)
+        on_disk = spilled.clock_columns()[key]
+        assert isinstance(on_disk, np.memmap)  # the clock stays on disk until read
+        assert np.array_equal(on_disk, column)
+    assert len(spilled) == len(memory)  # (the steps a replica counts: its jitter index)
 
 
 def test_the_replicas_clocks_are_joined_into_one_copy_each_replicas_own_let_go_of():

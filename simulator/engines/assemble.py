@@ -49,14 +49,34 @@ def counter_logs(policies: list[Policy]) -> list[CounterLog] | None:
     return logs or None
 
 
-def join_clocks(parts: list[ReplicaPart]) -> np.ndarray:
+CLOCK_CHUNK = 1 << 20  # ticks copied at a time into a joined clock on disk
+
+
+def join_clocks(parts: list[ReplicaPart], folder: Path | None = None) -> np.ndarray:
     """The replicas' token clocks end to end. Copied one replica at a time, each part then
     pointing into the joined clock, so that the memory of a replica's own clock goes as soon as
     it is copied: the peak holds one copy of the run's clock and one replica's, not two of the
-    run's (benchmarks/fleet_day.py at 8 replicas: peak 672 -> 582 MB)."""
-    if len(parts) == 1:
+    run's (benchmarks/fleet_day.py at 8 replicas: peak 672 -> 582 MB). With `folder` (a run
+    whose steps went to disk), the joined clock is a file there, mapped read only."""
+    if len(parts) == 1 and folder is None:
         return parts[0].clock
-    joined = np.empty(sum(part.clock.shape[0] for part in parts), dtype=parts[0].clock.dtype)
+    total, dtype = sum(part.clock.shape[0] for part in parts), parts[0].clock.dtype
+    if folder is not None:
+        path = folder / "token_clock.raw"
+        with path.open("wb") as f:
+            for part in parts:
+                for at in range(0, part.clock.shape[0], CLOCK_CHUNK):
+                    np.asarray(part.clock[at : at + CLOCK_CHUNK]).tofile(f)
+        if not total:
+            return np.empty(0, dtype=dtype)
+        mapped = np.memmap(path, dtype=dtype, mode="r", shape=(total,))
+        at = 0
+        for part in parts:
+            n = part.clock.shape[0]
+            part.clock = mapped[at : at + n]
+            at += n
+        return mapped
+    joined = np.empty(total, dtype=dtype)
     at = 0
     for part in parts:
         n = part.clock.shape[0]
@@ -93,7 +113,7 @@ def assemble_timeline(
             else {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
         )
         steps["replica"] = np.repeat(np.arange(len(parts)), [c["end"].shape[0] for c in cols])
-    token_clock = join_clocks(parts)
+    token_clock = join_clocks(parts, None if spilled is None else spilled[1][0].parent)
     offsets = np.cumsum([0] + [part.clock.shape[0] for part in parts])
     counts: dict[str, int] = {}
     for part in parts:
