@@ -114,9 +114,11 @@ class StepRecorder:
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._spill, table.schema)
         self._writer.write_table(table)
-        for path, buffer in zip(self._clock_files(), (self._ends, self._kinds), strict=True):
-            with path.open("ab") as f:
-                buffer.tofile(f)
+        ends, kinds = self._clock_files()
+        with ends.open("ab") as f:
+            self._ends.tofile(f)
+        with kinds.open("ab") as f:
+            self._kinds.tofile(f)
         self._written += len(self._ends)
         for buffer in (self._ends, self._kinds, self._kv, self._starts, self._runs):
             del buffer[:]
