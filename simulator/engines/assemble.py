@@ -5,6 +5,7 @@ events. The runner does this at the end of a run; a run split over forked proces
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,11 @@ def join_clocks(parts: list[ReplicaPart], folder: Path | None = None) -> np.ndar
         path = folder / "token_clock.raw"
         with path.open("wb") as f:
             for part in parts:
+                source = whole_file(part.clock)
+                if source is not None:  # copied file to file: its pages never mapped here
+                    with source.open("rb") as data:
+                        shutil.copyfileobj(data, f, CLOCK_CHUNK)
+                    continue
                 for at in range(0, part.clock.shape[0], CLOCK_CHUNK):
                     np.asarray(part.clock[at : at + CLOCK_CHUNK]).tofile(f)
         if not total:
@@ -84,6 +90,14 @@ def join_clocks(parts: list[ReplicaPart], folder: Path | None = None) -> np.ndar
         part.clock = joined[at : at + n]
         at += n
     return joined
+
+
+def whole_file(array: np.ndarray) -> Path | None:
+    """The file `array` maps the whole of (a spilled replica's step ends), if it is one."""
+    if not isinstance(array, np.memmap) or array.filename is None or array.offset:
+        return None
+    path = Path(array.filename)
+    return path if path.stat().st_size == array.nbytes else None
 
 
 def assemble_timeline(
