@@ -484,8 +484,8 @@ def test_a_cut_run_leaves_the_pool_as_the_shorter_run_would_have(seed, steps, da
     steps = min(steps, long.decode_steps_that_fit(tokens, steps))  # a run's blocks fit
     if not rows or kept >= steps:
         return
-    _, taken, evicted = long.decode(rows, tokens, steps)
-    long.shorten(rows, tokens, steps, kept, taken, evicted)
+    _, evicted = long.decode(rows, tokens, steps)
+    long.shorten(rows, tokens, steps, kept, evicted)
     short.decode(rows, tokens, kept)
     long.check()
     assert pool_state(long) == pool_state(short)

@@ -287,13 +287,11 @@ class BlockPool:
             lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
         return lo
 
-    def decode(
-        self, rows: list[int], tokens: list[int], steps: int
-    ) -> tuple[list[int], int, list[int]]:
+    def decode(self, rows: list[int], tokens: list[int], steps: int) -> tuple[list[int], list[int]]:
         """Requests holding blocks for exactly `tokens[i]` tokens each compute one more token in
         each of `steps` steps (`decode_steps_that_fit` said they fit): take their new blocks.
-        Returns the KV tokens in use after each step, the blocks taken and the cached keys
-        evicted for them, in order (what `shorten` needs to give back the last steps')."""
+        Returns the KV tokens in use after each step and the cached keys evicted for the new
+        blocks, in order (what `shorten` needs to give back the last steps')."""
         b, held = self.block_size, self.held
         grown = [0] * (steps + 1)  # blocks newly taken at each step
         for r, t in zip(rows, tokens, strict=True):
@@ -304,14 +302,12 @@ class BlockPool:
                     grown[f] += 1
                     f += b
         in_use = [u * b for u in accumulate(grown[1:], initial=self.used)][1:]
-        taken = sum(grown)
-        return in_use, taken, self._take(taken)
+        return in_use, self._take(sum(grown))
 
     def shorten(
-        self, rows: list[int], tokens: list[int], steps: int, kept: int, taken: int,
-        evicted: list[int],
-    ) -> None:  # fmt: skip
-        """A run `decode` took `steps` steps of (`taken` blocks, `evicted` keys) keeps only its
+        self, rows: list[int], tokens: list[int], steps: int, kept: int, evicted: list[int]
+    ) -> None:
+        """A run `decode` took `steps` steps of (evicting `evicted` keys) keeps only its
         first `kept`: the other steps' blocks come back as if never taken, evicted keys to the
         front of the eviction order and the rest to the empty blocks (nothing else touched
         this pool since: its replica was in the run)."""
@@ -322,9 +318,9 @@ class BlockPool:
             if extra:
                 held[r] -= extra
                 back += extra
-        # the shorter run would have taken taken - back blocks: the empty ones first, then the
-        # first of the same evictions
-        evicted_then = max(0, taken - back - (taken - len(evicted)))
+        # the shorter run would have taken `back` blocks fewer: the same empty ones first, then
+        # the first of the same evictions
+        evicted_then = max(0, len(evicted) - back)
         for key in reversed(evicted[evicted_then:]):
             self.refs[key] = 0
             self.lru[key] = None

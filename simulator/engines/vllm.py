@@ -225,8 +225,7 @@ class DecodeRunPlan(Plan):
     rows: list[int]
     tokens: list[int]  # tokens each holds KV for before the run
     kv_used: list[int]  # KV tokens in use after each step (the blocks are taken when decided)
-    taken: int  # the blocks taken for it, and the cached keys evicted for them (`cut_run`)
-    evicted: list[int]
+    evicted: list[int]  # the cached keys evicted for its blocks, in order (`cut_run`)
 
 
 class VLLMReplica:
@@ -794,10 +793,8 @@ class VLLMReplica:
         # the run's blocks are taken now, as a step takes its blocks when it is decided: what
         # reads this pool during a run's last step (a decider, a dispatcher) sees what it would
         # see stepping one by one
-        kv, taken, evicted = self.pool.decode(rows, tokens, k)
-        return DecodeRunPlan(
-            self.now, ends[:k], float(ends[k - 1]), rows, tokens, kv, taken, evicted
-        )
+        kv, evicted = self.pool.decode(rows, tokens, k)
+        return DecodeRunPlan(self.now, ends[:k], float(ends[k - 1]), rows, tokens, kv, evicted)
 
     @property
     def runs_may_be_cut(self) -> bool:
@@ -818,17 +815,17 @@ class VLLMReplica:
         kept = min(k, done + 1)
         rows, tokens = plan.rows, plan.tokens
         if kept < k:
-            self.pool.shorten(rows, tokens, k, kept, plan.taken, plan.evicted)
+            self.pool.shorten(rows, tokens, k, kept, plan.evicted)
         start = plan.start
         if done:  # (no request finishes before a run's last step)
             self._apply_run(
                 DecodeRunPlan(start, ends[:done], float(ends[done - 1]), rows, tokens,
-                              plan.kv_used[:done], 0, [])
+                              plan.kv_used[:done], [])
             )  # fmt: skip
             start = self.now
         return DecodeRunPlan(
             start, ends[done:kept], float(ends[kept - 1]), rows, [n + done for n in tokens],
-            plan.kv_used[done:kept], 0, [],
+            plan.kv_used[done:kept], [],
         )  # fmt: skip
 
     def _decode_ends(self, n: int, context: int, k: int, cut: float) -> np.ndarray:
