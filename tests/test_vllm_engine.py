@@ -239,6 +239,18 @@ def test_block_keys_follow_the_trace_hash_granularity():
     assert keys[32] != block_keys(np.array([7, 3]), 512, 16, 600)[32]
 
 
+def test_block_keys_stop_at_the_prompt_or_the_listed_ids_whichever_comes_first():
+    # 16-token hash blocks, 16-token engine blocks: one key per id, the last token's offset 15
+    assert block_keys(np.array([3, 5, 8]), 16, 16, 100) == [3 * 16 + 15, 5 * 16 + 15, 8 * 16 + 15]
+    assert block_keys(np.array([3, 5, 8]), 16, 16, 40) == [3 * 16 + 15, 5 * 16 + 15]  # 2 full
+    # 32-token engine blocks over 16-token hash blocks: block j ends in hash block 2j + 1
+    assert block_keys(np.array([3, 5, 8, 9]), 16, 32, 200) == [5 * 16 + 15, 9 * 16 + 15]
+    # 10-token hash blocks: engine block 0 ends at token 15, in hash block 1 at offset 5; block
+    # 1 ends at token 31, past the 3 ids' 30 tokens: no key (it is never shared)
+    assert block_keys(np.array([3, 5, 8]), 10, 16, 64) == [5 * 10 + 5]
+    assert block_keys(np.array([], dtype=np.int64), 512, 16, 1024) == []
+
+
 def test_refuses_requests_that_can_never_finish():
     tr = trace([0.0, 0.0], [100, 10], [100, 10])
     cfg = VLLMConfig(pool_tokens=160, block_size=16)

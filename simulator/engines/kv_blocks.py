@@ -47,15 +47,11 @@ def block_keys(hashes: np.ndarray, hash_block: int, block_size: int, tokens: int
     ends at token e = (j + 1) * block_size - 1, inside trace block e // hash_block; its content is
     fixed by that trace block's id (ids are prefix-chained) and the offset of e in it. Blocks past
     the listed ids have no key (they are never shared)."""
-    keys: list[int] = []
     ids = hashes.tolist()
-    for j in range(tokens // block_size):
-        end = (j + 1) * block_size - 1
-        k = end // hash_block
-        if k >= len(ids):
-            break
-        keys.append(int(ids[k]) * hash_block + end % hash_block)
-    return keys
+    # blocks whose last token is inside the prompt and inside a listed trace block
+    count = min(tokens // block_size, len(ids) * hash_block // block_size)
+    ends = range(block_size - 1, count * block_size, block_size)
+    return [int(ids[end // hash_block]) * hash_block + end % hash_block for end in ends]
 
 
 class CPUTier:
