@@ -18,6 +18,7 @@ import math
 import os
 import socket
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,13 +184,22 @@ def write_run(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     requests, tokens, steps = run_tables(timeline) if tables is None else tables
-    summary = summarize(timeline, requests, tokens, steps, config or {})
-    mark_running(folder, summary["config_digest"])
-    write_parquet(requests, folder / "requests.parquet")
-    write_parquet(tokens, folder / "tokens.parquet")
-    write_parquet(steps, folder / "steps.parquet")
+    mark_running(folder, config_digest(config or {}))
+    frames = {"requests": requests, "tokens": tokens, "steps": steps}
     if timeline.counters is not None:
-        write_parquet(timeline.counters, folder / "counters.parquet")
+        frames["counters"] = timeline.counters
+    # Arrow encodes and compresses without holding the GIL, so one thread writes the files,
+    # one after another, while this one computes the summary (a 9,000-request sim-to-real
+    # run, whole process: 2.2-2.4 s -> 1.9-2.05 s, peak memory +5-21 MB; a thread per file
+    # gained no more and took 25-70 MB more)
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        written = [
+            writer.submit(write_parquet, frame, folder / f"{name}.parquet")
+            for name, frame in frames.items()
+        ]
+        summary = summarize(timeline, requests, tokens, steps, config or {})
+        for done in written:
+            done.result()  # (a failed write raises here)
     write_summary(summary, folder)
     if complete:
         mark_completed(folder, summary["config_digest"])
