@@ -115,10 +115,11 @@ class Andes(BasePolicy):
         # each request's user: when the first token is expected (arrival + expected TTFT) and
         # the reading speed, gathered once per request rather than per client at every valuing
         self.expected_ttft_of, self.speed_of = ttft[trace.client], speed[trace.client]
+        self.expected_ttft_of_client, self.reading_speed_of_client = ttft, speed
         self.first_expected = self.expected_ttft_of.copy()  # until it arrives: arrival 0
         self.preempted = np.zeros(len(trace), dtype=np.int64)  # times Andes preempted each
         self.view = None
-        self.waiting = WaitingValues(self.values, self._blocks, self.phases)
+        self.waiting = WaitingValues(self.values, self._blocks, self.phases, self.settled_value)
 
     def see_replica(self, view: ReplicaView) -> None:
         if self.view is not None and self.view is not view:
@@ -183,6 +184,18 @@ class Andes(BasePolicy):
         avoided *= self.horizon / (GRID - 1) / 2
         k = expected  # the last point's: tokens the user expects by the horizon's end
         whole = k * float(self.expected_ttft_of[req]) + k * max(k - 1, 0.0) / (2 * speed)
+        return avoided / whole if whole > 0 else 0.0
+
+    def settled_value(self, start: float, client: int, now: float) -> float:
+        """The value at `now` of a settled request whose user expects its first token at
+        `start` (`phases`), in closed form: served over the horizon, it gains every token it
+        serves (g / token_latency at each point g), so the delay area avoided is that line's,
+        H^2 / (2 token_latency), and the value is that over the expected timeline's area. Equal
+        to `values` up to float rounding: the waiting index bounds groups with it."""
+        speed = float(self.reading_speed_of_client[client])
+        k = max((now + self.horizon - start) * speed + 1.0, 0.0)
+        whole = k * float(self.expected_ttft_of_client[client]) + k * max(k - 1, 0.0) / (2 * speed)
+        avoided = self.horizon * self.horizon / (2 * self.token_latency)
         return avoided / whole if whole > 0 else 0.0
 
     def _blocks(self, rows: list[int]) -> np.ndarray:

@@ -16,7 +16,9 @@ valued at every new time. Settled ones are grouped so that a group's order never
 value per block. A max-heap holds an upper bound per group — a member's value computed earlier,
 which can only have fallen since — and a query values only the youngest members of the groups
 whose bound could still beat the best found (the lazy evaluation of CELF-style greedy
-selection). Every value compared is computed by the policy's own formula on the same inputs, so
+selection). A group a query takes off the heap first goes back under its bound as of the query's
+time, the closed form of a settled value (`settled_value`), so groups are opened in the order of
+what they are worth now. Every value compared is computed by the policy's own formula on the same inputs, so
 the order is the full ranking's, bit for bit (tests/test_policy_indexes.py).
 """
 
@@ -26,6 +28,7 @@ import bisect
 import heapq
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -61,6 +64,7 @@ class Room:
 
 Values = Callable[[list[int], float], np.ndarray]
 Blocks = Callable[[list[int]], np.ndarray]
+SettledValue = Callable[[float, int, float], float]  # (start, client, now) -> value
 
 
 class SettledGroups:
@@ -112,8 +116,15 @@ class WaitingValues:
     """Andes's waiting requests ranked by value per KV block (ties: queue order) and their best
     value, at any time no earlier than the last one asked about."""
 
-    def __init__(self, values: Values, blocks: Blocks, phases: Callable[[list[int]], Phases]):
+    def __init__(
+        self,
+        values: Values,
+        blocks: Blocks,
+        phases: Callable[[list[int]], Phases],
+        settled_value: SettledValue,
+    ):
         self._values, self._blocks, self._phases = values, blocks, phases
+        self._settled_value = settled_value
         self._entered: dict[int, None] = {}  # requests that entered the queue since last asked
         self._version: dict[int, int] = {}  # request -> its current entry (it may wait again)
         self._versions = 0
@@ -258,8 +269,12 @@ class WaitingValues:
         self._value_batch(queue, now)
         groups, best = self._by_value, self._rising_best
         opened: dict[object, int] = {}
+        current: set[object] = set()
         while groups.top_bound() > best:
-            taken = self._open(groups, groups.pop_while(best), opened, queue, now)
+            group = groups.pop_while(None)[0]
+            if self._made_current(groups, group, current, now):
+                continue
+            taken = self._open(groups, [group], opened, queue, now)
             best = max([best] + [self._valued[req][1] for req in taken])
         self._close(groups, opened)
         return best
@@ -287,6 +302,7 @@ class WaitingValues:
         need_outside = {req: blocks for _, req, blocks in first}
         groups = self._by_density
         opened: dict[object, int] = {}
+        current: set[object] = set()  # groups whose bound is as of `now` (`_made_current`)
         deferred: list[object] = []  # groups passed over for want of room
         pool: list[tuple[float, int, int, int]] = []  # opened groups' members, valued at `now`
         last: tuple[float, int, int, int] | None = None  # the last yielded
@@ -310,13 +326,13 @@ class WaitingValues:
                     best = -min(known)[0] if known else 0.0
                     if not groups.top_bound() or groups.top_bound() < best:
                         break
-                    opening = []
-                    for group in groups.pop_while(best if known else None):
-                        if limit is not None and group[1] > limit:  # type: ignore[index]
-                            deferred.append(group)  # every member would be passed over now
-                        else:
-                            opening.append(group)
-                    for req in self._open(groups, opening, opened, queue, now):
+                    group = groups.pop_while(None)[0]
+                    if limit is not None and group[1] > limit:  # type: ignore[index]
+                        deferred.append(group)  # every member would be passed over now
+                        continue
+                    if self._made_current(groups, group, current, now):
+                        continue
+                    for req in self._open(groups, [group], opened, queue, now):
                         density = self._valued[req][2]
                         heapq.heappush(pool, (-density, 1, self._seq[req], req))
                 known = heads + pool[:1]
@@ -336,6 +352,25 @@ class WaitingValues:
             for group in deferred:
                 groups.set_bound(group, groups.bound[group])
             self._close(groups, opened)
+
+    def _made_current(
+        self, groups: SettledGroups, group: object, current: set[object], now: float
+    ) -> bool:
+        """A group taken off the heap by a query at `now` whose bound is from an earlier time
+        goes back under its bound as of `now` (True): its youngest member's value in closed
+        form (`settled_value`, the formula's up to rounding), which bounds every member's.
+        Groups are then opened in the order of what they are worth now, not of what they were
+        worth when last valued: the first opened is mostly the one that wins, and fewer are
+        opened (False: this one's bound is current, open it)."""
+        if group in current:
+            return False
+        current.add(group)
+        start = groups.members[group][-1][0]
+        # groups by client (the best value), or by (client, KV blocks needed): bound per block
+        client, need = cast(tuple[int, int], group if groups.field == 2 else (group, 1))
+        bound = self._settled_value(start, client, now) / need * SLACK
+        groups.set_bound(group, min(bound, groups.bound[group]))
+        return True
 
     def _open(
         self,

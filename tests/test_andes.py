@@ -67,6 +67,31 @@ def test_one_request_valued_in_plain_floats_equals_its_row_of_the_array_valuatio
     assert positive > 1000  # most draws are of users waiting for tokens: values far from 0
 
 
+
+def test_the_closed_form_of_a_settled_value_is_the_formula_and_bounds_every_earlier_phase():
+    """A settled request gains every token it serves over the horizon: its value is the
+    closed form `settled_value` (up to rounding, far inside the index's 1e-6 slack); before it
+    settles it gains less, so the closed form bounds its value from above."""
+    trace = Trace.from_columns(client=["a", "b"], arrival=[0.0, 0.0], prompt_len=[10, 10],
+                               output_len=[900, 900])  # fmt: skip
+    policy = Andes(clients={"b": {"expected_ttft": 0.3, "reading_speed": 12.0}})
+    policy.bind(trace)
+    rng = np.random.default_rng(3)
+    settled = 0
+    for _ in range(400):
+        req = int(rng.integers(0, 2))
+        policy.first_expected[req] = float(rng.uniform(0.0, 50.0))
+        policy.generated[req] = int(rng.integers(0, 600))
+        phases = policy.phases([req])
+        now = float(rng.uniform(0.0, 150.0))
+        value = float(policy.values([req], now)[0])
+        closed = policy.settled_value(float(phases.starts[0]), int(trace.client[req]), now)
+        if now >= phases.settles[0]:
+            assert value == pytest.approx(closed, rel=1e-12)
+            settled += 1
+        else:
+            assert value <= closed * (1 + 1e-12)
+    assert settled > 50
 def test_andes_needs_the_vllm_engine():
     with pytest.raises(ConfigError, match="which engine=slora does not offer; use engine=vllm"):
         simulate(chat(8.0, 20.0), Andes(), a10g_cost(), SLoRAConfig(pool_tokens=20_000))
