@@ -43,6 +43,12 @@ peak value (fewer rising requests valued at every step: -2%), returning no pick 
 request's blocks could fit (needs the step's room through the seam: -4% / -5%), a best-only
 query instead of the ranking's first (slower).
 
+2026-11-27, later: a group of settled waiting requests taken off Andes's index goes back under
+its bound as of the query's time (the closed form of a settled value) before it is opened, so
+groups open in the order of what they are worth now: 158k -> 70k groups opened at rate 10.
+Old and new commits alternating in one sitting, FCFS 0.93-0.95 s: Andes 7.80-8.00 -> 7.09-7.18 s
+(8.4x -> 7.7x); at `--rate-scale 40` (FCFS 3.7 s) 34.2 -> 32.5 s (9.1x -> 8.9x).
+
 Usage: python benchmarks/policy_overload.py [--rate-scale 10] [--policies fcfs,lpm,...]
 """
 
