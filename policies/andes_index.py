@@ -18,8 +18,8 @@ which can only have fallen since — and a query values only the youngest member
 whose bound could still beat the best found (the lazy evaluation of CELF-style greedy
 selection). A group a query takes off the heap first goes back under its bound as of the query's
 time, the closed form of a settled value (`settled_value`), so groups are opened in the order of
-what they are worth now. Every value compared is computed by the policy's own formula on the same inputs, so
-the order is the full ranking's, bit for bit (tests/test_policy_indexes.py).
+what they are worth now. Every value compared is computed by the policy's own formula on the
+same inputs, so the order is the full ranking's, bit for bit (tests/test_policy_indexes.py).
 """
 
 from __future__ import annotations

@@ -67,7 +67,6 @@ def test_one_request_valued_in_plain_floats_equals_its_row_of_the_array_valuatio
     assert positive > 1000  # most draws are of users waiting for tokens: values far from 0
 
 
-
 def test_the_closed_form_of_a_settled_value_is_the_formula_and_bounds_every_earlier_phase():
     """A settled request gains every token it serves over the horizon: its value is the
     closed form `settled_value` (up to rounding, far inside the index's 1e-6 slack); before it
@@ -92,6 +91,8 @@ def test_the_closed_form_of_a_settled_value_is_the_formula_and_bounds_every_earl
         else:
             assert value <= closed * (1 + 1e-12)
     assert settled > 50
+
+
 def test_andes_needs_the_vllm_engine():
     with pytest.raises(ConfigError, match="which engine=slora does not offer; use engine=vllm"):
         simulate(chat(8.0, 20.0), Andes(), a10g_cost(), SLoRAConfig(pool_tokens=20_000))
