@@ -136,7 +136,8 @@ class WaitingValues:
         self._rising_changes = 0
         self._rising_checked = -1  # the queue's `front_changes` when rising ones were last checked
         self._rising_valued: tuple[float, int] | None = None  # (time, changes) last valued at
-        self._rising_rank: list[tuple[float, int, int]] = []  # (density, seq, req), best first
+        # the rising ones of positive value as `ranked` orders them: (-density, 1, seq, req)
+        self._rising_rank: list[tuple[float, int, int, int]] = []
         self._rising_best = 0.0  # their best value
         self._by_value = SettledGroups(field=1)  # groups: clients
         self._by_density = SettledGroups(field=2)  # groups: (client, blocks needed)
@@ -234,7 +235,7 @@ class WaitingValues:
             at = slice(len(also), len(also) + len(rising))
             seqs = [self._seq[r] for r in rising]
             ranked = zip(densities[at].tolist(), seqs, rising, strict=True)
-            self._rising_rank = sorted(ranked, key=lambda e: (-e[0], e[1]))
+            self._rising_rank = sorted((-d, 1, seq, req) for d, seq, req in ranked if d > 0)
             self._rising_best = float(values[at].max()) if rising else 0.0
         first = len(also) + len(rising)
         for req, v, d in zip(settled, values[first:].tolist(), densities[first:].tolist()):
@@ -297,7 +298,7 @@ class WaitingValues:
         self._value_batch(queue, now)
         need = self._need
         # keys: (-density, 0 for `first` / 1 for waiting, place in its order, request)
-        rising = [(-d, 1, seq, req) for d, seq, req in self._rising_rank if d > 0]
+        rising = self._rising_rank
         outside = sorted((-d, 0, i, req) for i, (d, req, _) in enumerate(first))
         need_outside = {req: blocks for _, req, blocks in first}
         groups = self._by_density
