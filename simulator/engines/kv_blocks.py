@@ -214,17 +214,20 @@ class BlockPool:
                 self.match_version += 1
 
     def _reference(self, req: int, keys: list[int]) -> None:
+        refs, lru = self.refs, self.lru
         for key in keys:
-            if self.refs[key] == 0:
-                del self.lru[key]
-            self.refs[key] += 1
+            n = refs[key]
+            if n == 0:
+                del lru[key]
+            refs[key] = n + 1
         self.owned[req] = list(keys)
 
     # ---- allocation ---------------------------------------------------------------------
     def fits(self, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> bool:
         """Whether `admit` would succeed (it changes nothing)."""
         new = self.blocks_for(tokens) - hit_blocks
-        reused_free = sum(1 for key in keys[:hit_blocks] if self.refs[key] == 0)
+        lru = self.lru  # the cached blocks no running request holds
+        reused_free = sum(1 for key in keys[:hit_blocks] if key in lru)
         return new <= self.free - reused_free - reserve
 
     def admit(self, req: int, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> None:
@@ -361,10 +364,12 @@ class BlockPool:
         held = self.held.pop(req)
         owned = self.owned.pop(req, [])
         self.empty += held - len(owned)
+        refs, lru = self.refs, self.lru
         for key in reversed(owned):
-            self.refs[key] -= 1
-            if self.refs[key] == 0:
-                self.lru[key] = None
+            n = refs[key] - 1
+            refs[key] = n
+            if n == 0:
+                lru[key] = None
 
     def check(self) -> None:
         if self.cpu is not None:

@@ -882,7 +882,7 @@ class VLLMReplica:
         emitted: list[int] = []
         finished: list[int] = []
         handed: list[int] = []
-        stalled = self.stalled
+        stalled, hands_off = self.stalled, self.hands_off
         for r, n in zip(plan.rows, plan.new, strict=True):
             c = computed[r] + n
             computed[r] = c
@@ -906,7 +906,7 @@ class VLLMReplica:
             gen[r] = g
             if g == out[r]:
                 finished.append(r)
-            elif self.hands_off and g == 1:
+            elif hands_off and g == 1:
                 handed.append(r)
         if len(plan.rows) < len(self.running):  # budget or a preemption stopped the loop:
             scheduled = set(plan.rows)  # decoders left out produce no token this step
