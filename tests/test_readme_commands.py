@@ -5,6 +5,7 @@ cannot go stale: each `fairsim*` line of its bash blocks is run in a scratch fol
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -56,3 +57,19 @@ def test_a_readme_command_runs_as_written(lines, tmp_path):
             plots = sorted(p.name for p in (tmp_path / "work" / argv[1]).glob("*.png"))
             words = {"one": 1, "two": 2, "three": 3}
             assert promised and len(plots) == words[promised.group(1)], plots
+
+
+def test_ci_fails_when_any_part_of_the_readme_test_command_fails():
+    """.ci/run runs the README's test command under `set -e`, which stops at a failure inside
+    an && list only at its last command: its line must end the run whichever part fails (a lint
+    error once ended the list before the tests, and the run went on to pass)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    command = next(line for block in blocks for line in block.splitlines() if "pytest" in line)
+    ci_line = next(
+        line for line in (ROOT / ".ci" / "run").read_text().splitlines() if command in line
+    )
+    for failing in ("false && true && true", "true && false && true"):
+        script = f"set -eo pipefail\n{ci_line.replace(command, failing)}\necho went on\n"
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+        assert done.returncode != 0 and "went on" not in done.stdout, failing
