@@ -51,6 +51,36 @@ def test_a_request_is_prefilled_moved_then_decoded_at_hand_computed_times():
     assert tl.info["kv_used_at_end"] == 0
 
 
+def test_a_request_whose_kv_arrived_decodes_its_tokens_in_one_run(monkeypatch):
+    """Its token run opens when it joins the batch, so nothing keeps the decode replica from a
+    run of decode steps: after the decision that admits it (its blocks claimed, the transfer
+    started, decoding nothing yet) and the idle wait for its KV, the 40 tokens left come in
+    one run, at the hand-computed times of stepping one by one."""
+    from simulator.engines.vllm import DecodeRunPlan, VLLMReplica
+
+    plans: list[tuple[int, str]] = []
+    schedule = VLLMReplica.schedule
+
+    def recorded(self, frontier):
+        plan = schedule(self, frontier)
+        if plan is not None:
+            plans.append((self.index, "run" if type(plan) is DecodeRunPlan else "step"))
+        return plan
+
+    monkeypatch.setattr(VLLMReplica, "schedule", recorded)
+    tl = simulate(
+        trace([0.0], [100], [41]),
+        FCFS(),
+        CONST,
+        VLLMConfig(pool_tokens=10_000),
+        pd(kv_bytes_per_token=MB, link_bandwidth_gbps=10.0, link_latency=0.005),
+    )
+    check_accounting(tl)
+    assert [kind for replica, kind in plans if replica == 1] == ["run"]
+    _, _, times = tl.token_times()
+    assert times == pytest.approx([0.1, *(0.115 + 0.01 * np.arange(1, 41))])
+
+
 @pytest.mark.parametrize("shared, second_end", [(False, 0.115), (True, 0.125)])
 def test_a_shared_link_makes_transfers_queue(shared, second_end):
     # both prompts are prefilled in one step and handed off at 0.1; on one shared link the

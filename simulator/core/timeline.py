@@ -211,9 +211,10 @@ class TokenRuns:
             self._open[req] = (index, replica, tick)
 
     def close(self, req: int, generated: int) -> None:
-        """`req` stops emitting, having emitted `generated` tokens in all (no-op if not open)."""
+        """`req` stops emitting, having emitted `generated` tokens in all (no-op if not open;
+        a run that emitted nothing is left out)."""
         run = self._open.pop(req, None)
-        if run is not None:
+        if run is not None and generated > run[0]:
             index, replica, tick = run
             self._closed.extend((req, index, generated - index, replica, tick))
 

@@ -670,13 +670,15 @@ class VLLMReplica:
         self.received.append(req)
 
     def _join_received(self) -> None:
-        """Requests whose KV has arrived join the running batch: to decode (their next token
-        opens a token run here), or to go on computing their prompt."""
-        computed, gen = self.req.computed, self.state.generated
+        """Requests whose KV has arrived join the running batch: to decode, their next token
+        sampled in this replica's next step (their token run here opens with it: nothing
+        else keeps the batch from a run of decode steps), or to go on computing their
+        prompt."""
+        computed, gen, tokens = self.req.computed, self.state.generated, self.host.tokens
         for r in self.received:
             self.running.append(r)
             if gen[r] and computed[r] >= self._prompt[r] + gen[r] - 1:
-                self.stalled.add(r)
+                tokens.open(r, gen[r], self.index, len(self.steps))
             else:
                 self.prefilling.add(r)
             self.state.reason[r] = "running"
