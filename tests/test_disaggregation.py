@@ -28,17 +28,22 @@ def pd(prefill=1, decode=1, **disaggregation):
     )
 
 
-def test_a_request_is_prefilled_moved_then_decoded_at_hand_computed_times():
-    # prefill step 0 -> 0.1 s (first token); 100 tokens x 1 MB over 10 GB/s = 0.01 s plus
-    # 5 ms latency: the KV arrives at 0.115; decode steps of 10 ms give tokens 1-4
+def one_request_across_the_link(output_len: int):
+    """A 100-token prompt prefilled in one 0.1 s step (its first token); 100 tokens x 1 MB over
+    10 GB/s = 0.01 s plus 5 ms latency: the KV arrives at 0.115; decode steps of 10 ms."""
     tl = simulate(
-        trace([0.0], [100], [5]),
+        trace([0.0], [100], [output_len]),
         FCFS(),
         CONST,
         VLLMConfig(pool_tokens=10_000),
         pd(kv_bytes_per_token=MB, link_bandwidth_gbps=10.0, link_latency=0.005),
     )
     check_accounting(tl)
+    return tl
+
+
+def test_a_request_is_prefilled_moved_then_decoded_at_hand_computed_times():
+    tl = one_request_across_the_link(5)  # decode steps of 10 ms from 0.115 give tokens 1-4
     cols = tl.request_columns
     assert cols["prefill_replica"][0] == 0 and cols["replica"][0] == 1
     assert tl.first_token_at[0] == pytest.approx(0.1)
@@ -68,14 +73,7 @@ def test_a_request_whose_kv_arrived_decodes_its_tokens_in_one_run(monkeypatch):
         return plan
 
     monkeypatch.setattr(VLLMReplica, "schedule", recorded)
-    tl = simulate(
-        trace([0.0], [100], [41]),
-        FCFS(),
-        CONST,
-        VLLMConfig(pool_tokens=10_000),
-        pd(kv_bytes_per_token=MB, link_bandwidth_gbps=10.0, link_latency=0.005),
-    )
-    check_accounting(tl)
+    tl = one_request_across_the_link(41)
     assert [kind for replica, kind in plans if replica == 1] == ["run"]
     _, _, times = tl.token_times()
     assert times == pytest.approx([0.1, *(0.115 + 0.01 * np.arange(1, 41))])
