@@ -49,7 +49,9 @@ groups open in the order of what they are worth now: 158k -> 70k groups opened a
 Old and new commits alternating in one sitting, FCFS 0.93-0.95 s: Andes 7.80-8.00 -> 7.09-7.18 s
 (8.4x -> 7.7x); at `--rate-scale 40` (FCFS 3.7 s) 34.2 -> 32.5 s (9.1x -> 8.9x). Then, with the
 rising requests kept sorted as the ranking reads them (and the block pool's counts read once
-per key): 7.06-7.15 -> 6.80-6.99 s (7.75x -> 7.42-7.54x) at rate 10.
+per key): 7.06-7.15 -> 6.80-6.99 s (7.75x -> 7.42-7.54x) at rate 10. At `--rate-scale 40`, the
+day's first commit (598ede1) against its last, back to back: Andes 33.8 -> 30.8 s (9.1x -> 8.35x,
+FCFS 3.7 s).
 
 Usage: python benchmarks/policy_overload.py [--rate-scale 10] [--policies fcfs,lpm,...]
 """
