@@ -100,13 +100,9 @@ class SettledGroups:
             heapq.heappop(heap)
         return -heap[0][0] if heap else 0.0
 
-    def pop_while(self, at_least: float | None) -> list[object]:
-        """Take off the heap every group whose bound is at least `at_least` (None: the top
-        one alone), best first; at least the top one (`top_bound` first)."""
-        taken = [heapq.heappop(self.heap)[2]]
-        while at_least is not None and self.top_bound() and self.top_bound() >= at_least:
-            taken.append(heapq.heappop(self.heap)[2])
-        return taken
+    def pop(self) -> object:
+        """Take the group of the highest bound off the heap (`top_bound` first)."""
+        return heapq.heappop(self.heap)[2]
 
     def forget(self, group: object) -> None:
         del self.members[group], self.bound[group], self.stamp[group]
@@ -272,7 +268,7 @@ class WaitingValues:
         opened: dict[object, int] = {}
         current: set[object] = set()
         while groups.top_bound() > best:
-            group = groups.pop_while(None)[0]
+            group = groups.pop()
             if self._made_current(groups, group, current, now):
                 continue
             taken = self._open(groups, [group], opened, queue, now)
@@ -327,7 +323,7 @@ class WaitingValues:
                     best = -min(known)[0] if known else 0.0
                     if not groups.top_bound() or groups.top_bound() < best:
                         break
-                    group = groups.pop_while(None)[0]
+                    group = groups.pop()
                     if limit is not None and group[1] > limit:  # type: ignore[index]
                         deferred.append(group)  # every member would be passed over now
                         continue
