@@ -1,6 +1,7 @@
 """Step-time jitter (simulator/engines/jitter.py): factors with mean 1 and the configured CV,
 indexed by step so that a run of steps and single steps draw the same ones, from a stream of
-their own (the workload never changes), and none at all when the CV is 0. Fast-forward against
+their own (the workload never changes), and none at all when the CV is 0; a run speed: one
+factor per replica for every step of its run. Fast-forward against
 stepping with jitter is also checked by the engines' property tests."""
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def test_a_run_of_factors_equals_the_factors_one_by_one_across_blocks():
     assert not np.array_equal(run[:10], other), "each replica has its own stream"
 
 
-def test_zero_cv_takes_no_factor():
+def test_zero_cvs_take_no_factor():
     assert step_jitter(0.0, 0, 0) is None
+    assert step_jitter(0.0, 0, 0, run_cv=0.0) is None
 
 
 @pytest.mark.parametrize(
@@ -75,3 +77,49 @@ def test_bad_jitter_settings_name_the_key():
         SLoRAConfig(step_jitter_cv=-0.1)
     with pytest.raises(ValueError, match="engine.step_jitter_seed must be an integer >= 0"):
         VLLMConfig(step_jitter_seed=-1)
+    with pytest.raises(ValueError, match="engine.run_speed_cv must be a number >= 0"):
+        SLoRAConfig(run_speed_cv=float("nan"))
+
+
+def test_a_run_speed_multiplies_every_step_of_a_replica_by_one_factor():
+    steps = StepJitter(0.1, seed=3, replica=1).factors(0, 2 * BLOCK)
+    sped = StepJitter(0.1, seed=3, replica=1, run_cv=0.05)
+    g = sped.speed
+    assert g != 1.0
+    np.testing.assert_allclose(sped.factors(0, 2 * BLOCK), steps * g, rtol=1e-15)
+    assert sped.factor(BLOCK + 7) == pytest.approx(steps[BLOCK + 7] * g, rel=1e-15)
+    alone = step_jitter(0.0, 3, 1, run_cv=0.05)  # no step noise: the speed alone
+    assert alone is not None
+    np.testing.assert_array_equal(alone.factors(0, 10), np.full(10, g))
+
+
+def test_run_speeds_have_mean_one_and_the_configured_cv_across_seeds_and_replicas():
+    from simulator.engines.jitter import run_speed
+
+    g = np.array([run_speed(0.05, seed, replica) for seed in range(400) for replica in range(5)])
+    assert g.mean() == pytest.approx(1.0, abs=0.004)
+    assert g.std() / g.mean() == pytest.approx(0.05, rel=0.06)
+    assert run_speed(0.0, 7, 0) == 1.0
+    assert run_speed(0.05, 7, 0) == run_speed(0.05, 7, 0)  # the seed alone decides
+
+
+def test_a_zero_run_speed_cv_leaves_the_step_factors_bit_for_bit():
+    a = StepJitter(0.2, seed=5, replica=0).factors(0, 100)
+    b = StepJitter(0.2, seed=5, replica=0, run_cv=0.0).factors(0, 100)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "engine", [SLoRAConfig(), VLLMConfig(pool_tokens=20_000)], ids=["slora", "vllm"]
+)
+def test_a_run_speed_alone_scales_every_step_time_of_the_run(engine):
+    from dataclasses import replace
+
+    from simulator.engines.jitter import run_speed
+
+    tr = Trace.from_columns(client=["a"], arrival=[0.0], prompt_len=[100], output_len=[500])
+    exact = simulate(tr, FCFS(), a10g_cost(), engine)
+    slow = simulate(tr, FCFS(), a10g_cost(), replace(engine, run_speed_cv=0.1, step_jitter_seed=4))
+    g = run_speed(0.1, 4, 0)
+    durations = {n: t.steps["end"] - t.steps["start"] for n, t in (("e", exact), ("s", slow))}
+    np.testing.assert_allclose(durations["s"], durations["e"] * g, rtol=1e-9)

@@ -70,9 +70,23 @@ def test_replications_write_their_folders_and_statistics_and_parallel_changes_no
 @pytest.mark.integration
 def test_a_deterministic_engine_gives_identical_replications(tmp_path):
     _, exact = replicate(tmp_path, "exact", "replication_jobs=1")
-    assert exact["step_jitter_cv"] == 0.0
+    assert exact["step_jitter_cv"] == exact["run_speed_cv"] == 0.0
     assert all(len(set(m["values"])) == 1 for m in exact["metrics"].values() if m["n"] > 1)
     assert exact["metrics"]["throughput_tokens_per_s"]["std"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_paper_replication_takes_the_suites_jitter_and_run_speed_and_moves_its_seeds():
+    from simulator.api import compose_config
+    from simulator.apps.sweeps.replications import PAPER_SUITE_JITTER_CV, paper_replication
+
+    cfg = compose_config(["experiment=vtc_overload", "policy=vtc_oracle"])
+    assert paper_replication(cfg, 3).engine.run_speed_cv == 0.0  # a testbed without logs
+    rep = paper_replication(cfg, 3, run_speed_cv=0.013)
+    assert rep.engine.step_jitter_cv == PAPER_SUITE_JITTER_CV == 0.02
+    assert rep.engine.run_speed_cv == 0.013
+    assert rep.engine.step_jitter_seed == cfg.engine.step_jitter_seed + 3
+    assert rep.policy.seed == cfg.policy.seed + 3
+    assert rep.seed == cfg.seed  # the workload never changes
 
 
 def test_an_interval_cell_says_whether_the_papers_value_lies_within_p5_p95():
@@ -92,7 +106,7 @@ def test_vtc_tables_print_intervals_beside_the_paper(capsys):
 
     main(["--table", "5", "--replications", "2"])
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("2 replications per row, step-time jitter CV 0.02")
+    assert out[0].startswith("2 replications per row, step-time jitter CV 0.02, run speed CV 0.013")
     rows = [line.split() for line in out[2:] if line.startswith("5 ")]
     papers = [r for r in ROWS if r.table == "5"]
     assert len(rows) == len(papers)

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from simulator.apps.papers.validation import FROM_ARTIFACT_LOGS, VTC_METRICS, VTC_RESPONSE
-from simulator.apps.papers.vtc_tables import ROWS, PaperRow
+from simulator.apps.papers.vtc_tables import ARTIFACT_RUN_SPEED_CV, ROWS, PaperRow
 from simulator.core.service import LinearService, ProfiledService
 from simulator.metrics.fairness import fairness_summary
 
@@ -123,3 +123,35 @@ def test_each_overload_row_sends_for_as_long_as_the_artifacts_run_did(row: Paper
     cfg = compose_config(list(row.overrides))
     assert cfg.workload.duration == logged["duration"]
     assert list(cfg.workload.rates) == logged["req_rate"]
+
+
+def decode_seconds_per_token(requests: pd.DataFrame) -> float:
+    """The median over completed requests of (last token - first token) / (output - 1)."""
+    done = requests[(requests.status == "completed") & (requests.output_len > 1)]
+    return float(np.median((done.finished_at - done.first_token_at) / (done.output_len - 1)))
+
+
+@pytest.mark.slow
+def test_the_paper_suites_run_speed_cv_is_the_spread_of_the_artifacts_run_speeds():
+    """Each logged run's speed: its median time per output token over fairsim's, one unjittered
+    run of the same row. The artifact's runs went at speeds a few percent apart; the spread of
+    their log speeds is ARTIFACT_RUN_SPEED_CV (to its rounding). The clearest case: the
+    two-client overload suite with the same batches under FCFS and every VTC variant, its FCFS
+    run about 3% slower than all of them."""
+    from simulator.api import compose_config, simulate_config
+
+    speeds: dict[str, float] = {}
+    for row in ROWS:
+        path = log_path(row)
+        name = str(path.relative_to(LOGS))
+        if name in speeds:  # (Tables 4 and 5 share the FCFS overload run)
+            continue
+        measured = decode_seconds_per_token(artifact_requests(path)[0])
+        simulated = simulate_config(compose_config(list(row.overrides))).requests_frame()
+        speeds[name] = measured / decode_seconds_per_token(simulated)
+    assert len(speeds) == 22
+    spread = float(np.std(np.log(list(speeds.values())), ddof=1))
+    assert round(spread, 3) == ARTIFACT_RUN_SPEED_CV, spread
+    overload = {k: v for k, v in speeds.items() if k.endswith("overload.jsonl.gz")}
+    fcfs = overload.pop("FCFS/all_results_overload.jsonl.gz")
+    assert len(overload) == 5 and all(1.025 < fcfs / v < 1.045 for v in overload.values())

@@ -5,8 +5,13 @@ fixed sample. With `engine.step_jitter_cv > 0`, step k of replica r takes its co
 times f(k), f lognormal with mean 1 and that coefficient of variation. f(k) depends only on
 (`engine.step_jitter_seed`, r, k): it comes from its own seeded stream, in blocks of BLOCK steps,
 so the workload's randomness never changes, and a run of steps timed at once (fast-forward) is
-multiplied by exactly the factors stepping one by one would draw. cv = 0 takes no factor at all:
-today's timelines, bit for bit.
+multiplied by exactly the factors stepping one by one would draw.
+
+A GPU also runs a whole session a little faster or slower than another (clocks, temperature,
+the machine it landed on): with `engine.run_speed_cv > 0` every step of replica r is also
+multiplied by one factor g(r), lognormal with mean 1 and that CV, drawn once from
+(`engine.step_jitter_seed`, r) on a stream of its own. Both CVs 0 take no factor at all: today's
+timelines, bit for bit.
 """
 
 from __future__ import annotations
@@ -18,11 +23,27 @@ import numpy as np
 BLOCK = 4096  # steps per block of factors drawn at once
 
 
+def lognormal_parameters(cv: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with mean 1 and coefficient of variation `cv`."""
+    sigma = math.sqrt(math.log1p(cv * cv))
+    return -sigma * sigma / 2, sigma  # E = exp(mu + sigma^2 / 2) = 1
+
+
+def run_speed(cv: float, seed: int, replica: int) -> float:
+    """g(replica): the one factor of every step of a replica's run (1.0 when cv is 0)."""
+    if cv == 0:
+        return 1.0
+    mu, sigma = lognormal_parameters(cv)
+    # spawn key 1: a stream apart from the per-step blocks' ([seed, replica, block])
+    stream = np.random.SeedSequence([seed, replica], spawn_key=(1,))
+    return float(np.random.default_rng(stream).lognormal(mu, sigma))
+
+
 class StepJitter:
-    def __init__(self, cv: float, seed: int, replica: int) -> None:
-        self.sigma = math.sqrt(math.log1p(cv * cv))
-        self.mu = -self.sigma * self.sigma / 2  # E[f] = exp(mu + sigma^2 / 2) = 1
+    def __init__(self, cv: float, seed: int, replica: int, run_cv: float = 0.0) -> None:
+        self.mu, self.sigma = lognormal_parameters(cv)
         self.seed, self.replica = seed, replica
+        self.speed = run_speed(run_cv, seed, replica)
         self._blocks: dict[int, np.ndarray] = {}
 
     def _block(self, b: int) -> np.ndarray:
@@ -31,7 +52,10 @@ class StepJitter:
             if len(self._blocks) > 2:  # steps move forward: keep the last few blocks
                 del self._blocks[min(self._blocks)]
             rng = np.random.default_rng([self.seed, self.replica, b])
-            block = self._blocks[b] = rng.lognormal(self.mu, self.sigma, BLOCK)
+            block = rng.lognormal(self.mu, self.sigma, BLOCK)
+            if self.speed != 1.0:
+                block *= self.speed
+            self._blocks[b] = block
         return block
 
     def factor(self, k: int) -> float:
@@ -51,6 +75,6 @@ class StepJitter:
         return out
 
 
-def step_jitter(cv: float, seed: int, replica: int) -> StepJitter | None:
-    """The replica's jitter, or None when cv is 0 (no factor is taken)."""
-    return StepJitter(cv, seed, replica) if cv > 0 else None
+def step_jitter(cv: float, seed: int, replica: int, run_cv: float = 0.0) -> StepJitter | None:
+    """The replica's jitter, or None when both CVs are 0 (no factor is taken)."""
+    return StepJitter(cv, seed, replica, run_cv) if cv > 0 or run_cv > 0 else None

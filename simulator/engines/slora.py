@@ -160,7 +160,7 @@ class SLoRAReplica:
         self._aborting: list[int] = []  # live mode: running requests to drop at the next step
         self._gone: set[int] = set()  # dropped: their finish-heap entries are skipped
         self.stopped_at = np.full(n, -1, dtype=np.int64)  # tokens an aborted request emitted
-        self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
+        self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index, cfg.run_speed_cv)
         self.now = 0.0
         self.decodes = 0  # decode steps so far
         self.prefills = 0  # prefill steps so far

@@ -47,9 +47,10 @@ def check_integers(config: object, minimum: int, *names: str) -> None:
             raise ConfigError(f"engine.{name} must be an integer >= {minimum}, got {v!r}")
 
 
-def check_jitter(cv: float, seed: int) -> None:
-    if not (np.isfinite(cv) and cv >= 0):
-        raise ConfigError(f"engine.step_jitter_cv must be a number >= 0, got {cv!r}")
+def check_jitter(cv: float, seed: int, run_cv: float = 0.0) -> None:
+    for name, value in (("step_jitter_cv", cv), ("run_speed_cv", run_cv)):
+        if not (np.isfinite(value) and value >= 0):
+            raise ConfigError(f"engine.{name} must be a number >= 0, got {value!r}")
     if int(seed) != seed or seed < 0:
         raise ConfigError(f"engine.step_jitter_seed must be an integer >= 0, got {seed!r}")
 
@@ -68,13 +69,14 @@ class EngineKnobs:
     horizon: float | None = None  # stop at this simulated time (null: when every request ends)
     step_jitter_cv: float = 0.0  # multiplicative noise per step (simulator/engines/jitter.py)
     step_jitter_seed: int = 0
+    run_speed_cv: float = 0.0  # one speed factor per replica for the whole run (jitter.py)
 
     name: ClassVar[str]
     offered_hooks: ClassVar[tuple[type, ...]] = ()  # the optional policy hooks it honours
 
     def __post_init__(self) -> None:
         check_horizon(self.horizon)
-        check_jitter(self.step_jitter_cv, self.step_jitter_seed)
+        check_jitter(self.step_jitter_cv, self.step_jitter_seed, self.run_speed_cv)
 
     def build(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
         """One replica per (policy, queue) of `pairs`, once every policy is known to need no

@@ -276,7 +276,7 @@ class VLLMReplica:
         self._closed_runs: dict[int, list[tuple[int, int, int]]] = {}
         self._runs_seen = 0
         self._aborting: list[int] = []  # live mode: running requests to drop at the next step
-        self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index)
+        self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index, cfg.run_speed_cv)
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
         self.stalled: set[int] = set()  # decoding requests a step left out (token run ended)

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from simulator.api.run import compose_config, simulate_config
 from simulator.apps.common.command import run_command
 from simulator.apps.sweeps.replications import (
-    PAPER_SUITE_JITTER_CV,
     add_replications_option,
     interval_cell,
     paper_replication,
+    paper_suite_heading,
 )
 from simulator.metrics import interactions
 from simulator.metrics.latency import token_throughput
@@ -125,9 +125,7 @@ def print_intervals(
 ) -> None:
     """Each (experiment, policy) run n times with the paper-suite jitter (seeds 0 .. n-1):
     median [p5, p95] of throttled calls and interactions and wasted tokens beside the paper's."""
-    print(f"{n} replications per row, step-time jitter CV {PAPER_SUITE_JITTER_CV:g}; "
-          "median [p5, p95]; the paper's value lies in [p5, p95], within 15% of the median, "
-          "or out")  # fmt: skip
+    print(paper_suite_heading(n))
     keys = ("throttled_requests", "throttled_interactions", "wasted_tokens")
     print(
         f"{'experiment':<23}{'policy':<17}" + "".join(f"{k:>28} {'paper':>8} {'':>3}" for k in keys)

@@ -1,12 +1,12 @@
 """Replications: one configuration run N times, differing only in their run-to-run random
-streams: the step-time jitter (`engine.step_jitter_seed` = its base + i) and the policy's own
-stream where it has one (`policy.seed` + i: VTC(±r)'s prediction errors); with
+streams: the step-time jitter and run speed (`engine.step_jitter_seed` = its base + i) and the
+policy's own stream where it has one (`policy.seed` + i: VTC(±r)'s prediction errors); with
 `replicate_workload=true`, in the workload seed too (`seed` + i). Each replication writes its own
 run folder, `replication=<i>/`; the statistics of each run metric across them go to
 `replications.json`: mean, standard deviation, p5 / p50 / p95, and the 95% confidence interval of
-the mean (Student's t, N - 1 degrees of freedom). A deterministic engine (`step_jitter_cv=0`), a
-policy that draws nothing and one workload give N identical runs, and the file says so with zero
-spread.
+the mean (Student's t, N - 1 degrees of freedom). A deterministic engine (`step_jitter_cv=0` and
+`run_speed_cv=0`), a policy that draws nothing and one workload give N identical runs, and the
+file says so with zero spread.
 
 Replications run in `replication_jobs` processes at once (null: one per CPU, at most N); every
 replication is the same whatever ran beside it.
@@ -87,11 +87,22 @@ def replication_configs(cfg: DictConfig, n: int, jobs: int) -> list[DictConfig]:
     return configs
 
 
-def paper_replication(cfg: DictConfig, i: int) -> DictConfig:
-    """Replication i of a paper-suite run: the suites' jitter, its streams moved by i."""
+def paper_replication(cfg: DictConfig, i: int, run_speed_cv: float = 0.0) -> DictConfig:
+    """Replication i of a paper-suite run: the suites' jitter and the testbed's run-to-run
+    speed (where its logs measure one), its streams moved by i."""
     rep = vary_streams(cfg, i)
     rep.engine.step_jitter_cv = PAPER_SUITE_JITTER_CV
+    rep.engine.run_speed_cv = run_speed_cv
     return rep
+
+
+def paper_suite_heading(n: int, run_speed_cv: float = 0.0) -> str:
+    """The line the papers' tables print above their replicated rows."""
+    return (
+        f"{n} replications per row, step-time jitter CV {PAPER_SUITE_JITTER_CV:g}, run speed CV "
+        f"{run_speed_cv:g}; median [p5, p95]; the paper's value lies in [p5, p95], within 15% "
+        "of the median, or out"
+    )
 
 
 def add_replications_option(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +138,7 @@ def run_replications(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     result = {
         "replications": n,
         "step_jitter_cv": float(cfg.engine.get("step_jitter_cv", 0.0)),
+        "run_speed_cv": float(cfg.engine.get("run_speed_cv", 0.0)),
         "replicate_workload": bool(cfg.get("replicate_workload", False)),
         "folders": [Path(f).name for f in folders],
         "metrics": {
@@ -171,7 +183,8 @@ def format_replications(result: dict[str, Any]) -> str:
     """One line per metric: mean [95% CI], p5 / p50 / p95."""
     head = f"{'metric':<26}{'mean':>12}  {'95% CI of the mean':<26}{'p5':>11}{'p50':>11}{'p95':>11}"
     lines = [f"{result['replications']} replications (step_jitter_cv "
-             f"{result['step_jitter_cv']:g}, workload varied: {result['replicate_workload']})",
+             f"{result['step_jitter_cv']:g}, run_speed_cv {result.get('run_speed_cv', 0.0):g}, "
+             f"workload varied: {result['replicate_workload']})",
              head, "-" * len(head)]  # fmt: skip
     for name, s in result["metrics"].items():
         interval = f"[{_num(s['ci95'][0])}, {_num(s['ci95'][1])}]"
