@@ -5,7 +5,9 @@ prefill(p) = step_overhead + prefill_base + prefill_per_request * n + prefill_pe
 decode(b, ctx) = step_overhead + decode_base + decode_per_seq * b + decode_per_context_token * ctx
 
 `step_overhead` is the serving loop's own cost per iteration (scheduling, batching, sampling,
-inter-process messaging), which a kernel profile does not see.
+inter-process messaging), which a kernel profile does not see. `frontend_latency` is the time a
+request spends outside the engine loop (the HTTP server, tokenisation, the messages to and from
+the loop): the runner delivers each request that much after its send.
 
 The default coefficients in `conf/cost_model/a10g_llama7b.yaml` come from `fit_vtc_profile`
 (`cost_models/profiles.py`) applied to the VTC artifact's A10G / Llama-7B profile.
@@ -30,6 +32,7 @@ class LinearStepCost:
     prefill_base: float = 0.0
     prefill_per_token_sq: float = 0.0
     step_overhead: float = 0.0
+    frontend_latency: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
