@@ -90,9 +90,9 @@ _ALIAS = (
     "swings with the run's speed within a percent. The artifact's VTC runs of this suite went "
     "1.3% faster than the fitted model (a cycle of batches lasts 11.345 s in its VTC log, "
     "11.675 s in its FCFS log, 11.494 s in fairsim); one unjittered run at that speed, every "
-    "step time x 0.987, gives Max / Avg Diff / Diff Var 137.5 / 78.8 / 2,409 on Table 4 and "
-    "190.4 / 114.3 / 4,706 on Table 5, as fitted 150.2 / 94.1 / 1,514 and 207.9 / 127.6 / "
-    "3,366 (benchmarks/vtc_step_time_sensitivity.py --scales 0.987,1); replications whose "
+    "step time x 0.987, gives Max / Avg Diff / Diff Var 137.6 / 78.2 / 2,484 on Table 4 and "
+    "190.4 / 113.4 / 4,906 on Table 5, as fitted 150.3 / 94.1 / 1,528 and 208.0 / 127.6 / "
+    "3,392 (benchmarks/vtc_step_time_sensitivity.py --scales 0.987,1); replications whose "
     "run speed falls that close are few"
 )
 _VARIANCE = (
