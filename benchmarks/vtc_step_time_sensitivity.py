@@ -7,9 +7,9 @@ through 60 s windows. This prints, for Tables 4 and 5's VTC rows, one unjittered
 term of the row's cost model scaled by each `--scales` factor (1.0: as fitted), beside the
 published figures. With `--logs` (the artifact's result logs, shipped as test data in
 tests/data/vtc_artifact) it also prints, under FCFS and VTC, in the logs and in fairsim: the
-median time between the prefill batches of 10 or more requests that start each cycle, the most
-common batch sizes, and the share of those large batches that hold one client's requests only.
-Prints one JSON object last.
+median time between the prefill batches of 10 or more requests that start each cycle (and its
+range from the fifth cycle on), the most common batch sizes, and the share of those large
+batches that hold one client's requests only. Prints one JSON object last.
 
 Usage: python benchmarks/vtc_step_time_sensitivity.py [--scales 0.99,1,1.01] [--logs DIR]
 """
@@ -63,8 +63,11 @@ def batches(first_tokens: np.ndarray, clients: np.ndarray) -> dict[str, float | 
     large = [i for i in range(len(starts)) if sizes[i] >= 10]
     one_client = [len(set(c[starts[i] : starts[i] + sizes[i]].tolist())) == 1 for i in large]
     common = Counter(sizes.tolist()).most_common(4)
+    cycles = np.diff(f[starts][sizes >= 10])
+    steady = cycles[4:]  # from the fifth cycle on
     return {
-        "cycle_s": round(float(np.median(np.diff(f[starts][sizes >= 10]))), 3),
+        "cycle_s": round(float(np.median(cycles)), 3),
+        "cycle_range_s": [round(float(steady.min()), 2), round(float(steady.max()), 2)],
         "common_batch_sizes": sorted(size for size, _ in common),
         "large_batches_of_one_client": round(float(np.mean(one_client)), 3),
     }

@@ -132,7 +132,7 @@ def decode_seconds_per_token(requests: pd.DataFrame) -> float:
 
 
 @pytest.mark.slow
-def test_the_paper_suites_run_speed_cv_is_the_spread_of_the_artifacts_run_speeds():
+def test_the_artifact_run_speed_cv_is_the_spread_of_the_artifacts_logged_run_speeds():
     """Each logged run's speed: its median time per output token over fairsim's, one unjittered
     run of the same row. The artifact's runs went at speeds a few percent apart; the spread of
     their log speeds is ARTIFACT_RUN_SPEED_CV (to its rounding). The clearest case: the

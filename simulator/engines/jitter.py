@@ -51,10 +51,13 @@ class StepJitter:
         if block is None:
             if len(self._blocks) > 2:  # steps move forward: keep the last few blocks
                 del self._blocks[min(self._blocks)]
-            rng = np.random.default_rng([self.seed, self.replica, b])
-            block = rng.lognormal(self.mu, self.sigma, BLOCK)
-            if self.speed != 1.0:
-                block *= self.speed
+            if self.sigma == 0:  # a run speed alone: no per-step noise to draw
+                block = np.full(BLOCK, self.speed)
+            else:
+                rng = np.random.default_rng([self.seed, self.replica, b])
+                block = rng.lognormal(self.mu, self.sigma, BLOCK)
+                if self.speed != 1.0:
+                    block *= self.speed
             self._blocks[b] = block
         return block
 

@@ -36,11 +36,7 @@ from simulator.api.run import compose_config, simulate_config
 from simulator.apps.common.command import run_command
 from simulator.apps.papers import fairserve_table, vtc_tables
 from simulator.apps.sim2real.report import sim2real_report
-from simulator.apps.sweeps.replications import (
-    PAPER_SUITE_JITTER_CV,
-    paper_replication,
-    verdict,
-)
+from simulator.apps.sweeps.replications import PAPER_SUITE_JITTER_CV, paper_replication, verdict
 from simulator.core.errors import ConfigError
 from simulator.metrics import fairness, fluidity_index
 from simulator.report.run_folder import write_text_atomically
