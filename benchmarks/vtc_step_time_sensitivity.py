@@ -4,7 +4,7 @@ one cycle of its batches lasts, in the artifact's logs and in fairsim.
 In the two-client overload suite (Tables 4 and 5) VTC serves the clients in alternating batches
 of 20 requests; the Max / Avg Diff and Diff Var the paper prints are that alternation seen
 through 60 s windows. This prints, for Tables 4 and 5's VTC rows, one unjittered run with every
-term of the row's cost model scaled by each `--scales` factor (1.0: as fitted), beside the
+term of the row's cost model scaled by each `--scales` factor (1.0: the shipped model), beside the
 published figures. With `--logs` (the artifact's result logs, shipped as test data in
 tests/data/vtc_artifact) it also prints, under FCFS and VTC, in the logs and in fairsim: the
 median time between the prefill batches of 10 or more requests that start each cycle (and its

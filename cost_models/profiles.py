@@ -14,14 +14,16 @@ per-request term), decode step time = c + d * B + e * context. The numbers it gi
 `conf/cost_model/a10g_llama7b.yaml`; a test re-runs the fit when the profile is present.
 
 `fit_router_timings` fits the decode terms and the per-step overhead to a server's measured
-per-request timings instead (what a kernel profile cannot see); its numbers on the artifact's two
-FCFS runs are `conf/cost_model/a10g_llama7b_artifact.yaml`, and a test re-runs that fit too.
+per-request timings instead (what a kernel profile cannot see); on the artifact's two FCFS runs it
+gives the shape of `conf/cost_model/a10g_llama7b_artifact.yaml`, whose speed `centred_on_runs`
+then sets to the typical of the artifact's logged runs; tests re-run both.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +131,17 @@ def fit_router_timings(runs: list[RouterTimings], kernel: LinearStepCost) -> Lin
         prefill_per_request=kernel.prefill_per_request,
         step_overhead=float(overhead),
     )
+
+
+def centred_on_runs(cost: LinearStepCost, speeds: Sequence[float]) -> LinearStepCost:
+    """`cost` at the typical speed of a server whose runs went at `speeds` (each run's measured
+    time per output token over what `cost` gives for it): every term of a step's time times
+    their geometric mean, the front end (outside the loop) kept. A model fitted on a few runs
+    takes those runs' speed; replications that draw a run speed around 1
+    (`engine.run_speed_cv`, its CV the spread of the same log speeds) should draw it around
+    the runs' centre instead."""
+    if not speeds or min(speeds) <= 0:
+        raise ProfileError(f"centred_on_runs: speeds must be positive numbers, got {speeds!r}")
+    factor = float(np.exp(np.mean(np.log(np.asarray(speeds, dtype=float)))))
+    in_loop = {name: value * factor for name, value in vars(cost).items()}
+    return replace(cost, **{**in_loop, "frontend_latency": cost.frontend_latency})

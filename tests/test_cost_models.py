@@ -2,20 +2,21 @@ import numpy as np
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from test_vtc_artifact_logs import LOGS, artifact_requests, log_path
+from test_vtc_artifact_logs import artifact_requests, fcfs_router_fit, log_path, router_timings
 
 from conftest import ROOT, a10g_cost, random_trace, shared_file
 from cost_models import ConstantStepCost, LinearStepCost, ProfileError, TableStepCost
 from cost_models.profiles import (
     RouterTimings,
+    centred_on_runs,
     fit_router_timings,
     fit_vtc_profile,
     vtc_profile_table,
 )
 from policies import FCFS
+from simulator.apps.papers.vtc_tables import ARTIFACT_SPEED_CENTRE
 from simulator.engines import simulate
 from simulator.engines.slora import SLoRAConfig
-from traces.vtc_suites import ArtifactSuite
 
 
 def test_a10g_defaults_land_on_the_published_speed_facts():
@@ -44,29 +45,20 @@ def test_conf_coefficients_are_the_documented_fit_of_the_profile():
         assert conf[name] == pytest.approx(getattr(fitted, name), rel=1e-12), name
 
 
-def router_timings(requests, server_added_tokens=0):
-    done = requests[requests.status == "completed"]
-    return RouterTimings(
-        sent=done.arrival.to_numpy(),
-        first_token=done.first_token_at.to_numpy(),
-        finished=done.finished_at.to_numpy(),
-        prompt=done.prompt_len.to_numpy() + server_added_tokens,
-        output=done.output_len.to_numpy(),
-    )
-
-
-def test_artifact_cost_model_is_the_router_fit_of_the_artifacts_fcfs_logs():
-    # the artifact's server counts n + 2 tokens for the n its logs record (ArtifactSuite's default)
-    added = ArtifactSuite.__dataclass_fields__["server_added_tokens"].default
-    runs = [
-        router_timings(artifact_requests(LOGS / "FCFS" / f"all_results_{w}.jsonl.gz")[0], added)
-        for w in ("real", "overload")
-    ]
-    fitted = fit_router_timings(runs, a10g_cost())
+def test_artifact_cost_model_is_the_router_fit_of_the_artifacts_fcfs_logs_at_one_speed():
+    """Every in-loop term is the router fit of the two FCFS runs times one factor (the speed
+    `centred_on_runs` sets: the slow test in tests/test_vtc_artifact_logs.py recomputes it)."""
+    fitted = fcfs_router_fit()
     conf = OmegaConf.load(ROOT / "conf/cost_model/a10g_llama7b_artifact.yaml")
-    for name, value in vars(fitted).items():
-        if name != "frontend_latency":  # (fitted to the first tokens: the test below)
-            assert conf.get(name, 0.0) == pytest.approx(value, rel=1e-9), name
+    terms = [name for name in vars(fitted) if name != "frontend_latency"]
+    factors = {name: conf.get(name, 0.0) / getattr(fitted, name) for name in terms
+               if getattr(fitted, name)}  # fmt: skip
+    assert len(factors) == 6 and all(conf.get(name, 0.0) == 0.0 for name in terms
+                                     if name not in factors)  # fmt: skip
+    factor = factors["decode_base"]
+    assert round(factor, 5) == ARTIFACT_SPEED_CENTRE  # < 1: both FCFS runs went slower than most
+    for name, value in factors.items():
+        assert value == pytest.approx(factor, rel=1e-12), name
     # the prefill terms are the kernel fit's; the loop costs tens of ms per step end to end
     assert (fitted.prefill_per_token, fitted.prefill_per_request) == (
         a10g_cost().prefill_per_token,
@@ -218,3 +210,28 @@ def test_vtc_profile_as_a_table_model_matches_its_points(tmp_path):
     dec = table[table.phase == "decode"]
     got = [m.decode_times(int(b), np.array([t]))[0] for b, t in zip(dec.batch_size, dec.tokens)]
     np.testing.assert_allclose(got, dec.seconds, rtol=1e-9)
+
+
+def test_centring_on_runs_scales_every_in_loop_term_by_the_geometric_mean_speed():
+    cost = LinearStepCost(
+        decode_base=0.01,
+        decode_per_seq=1e-4,
+        decode_per_context_token=1e-6,
+        prefill_per_token=2e-4,
+        prefill_per_request=5e-4,
+        prefill_base=1e-3,
+        prefill_per_token_sq=1e-9,
+        step_overhead=0.02,
+        frontend_latency=0.05,
+    )
+    centred = centred_on_runs(cost, [0.98, 1.02, 0.97])
+    factor = (0.98 * 1.02 * 0.97) ** (1 / 3)
+    for name, value in vars(cost).items():
+        expected = value if name == "frontend_latency" else value * factor
+        assert getattr(centred, name) == pytest.approx(expected, rel=1e-12), name
+    # a step takes the factor's share of its time; the front end lies outside the loop
+    assert centred.decode_time(8, 4000) == pytest.approx(factor * cost.decode_time(8, 4000))
+    assert centred_on_runs(cost, [1.0, 1.0]) == cost
+    for bad in ([], [1.0, 0.0], [-1.0]):
+        with pytest.raises(ProfileError, match="speeds must be positive"):
+            centred_on_runs(cost, bad)

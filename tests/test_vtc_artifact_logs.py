@@ -13,11 +13,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
+from conftest import ROOT, a10g_cost
+from cost_models import LinearStepCost
+from cost_models.profiles import RouterTimings, centred_on_runs, fit_router_timings
 from simulator.apps.papers.validation import FROM_ARTIFACT_LOGS, VTC_METRICS, VTC_RESPONSE
 from simulator.apps.papers.vtc_tables import ARTIFACT_RUN_SPEED_CV, ROWS, PaperRow
 from simulator.core.service import LinearService, ProfiledService
 from simulator.metrics.fairness import fairness_summary
+from traces.vtc_suites import ArtifactSuite
 
 LOGS = Path(__file__).resolve().parent / "data" / "vtc_artifact"
 # each row's log: the artifact's scheduler folder and workload (`fair_bench/plot/plot_revision.py`
@@ -125,21 +130,41 @@ def test_each_overload_row_sends_for_as_long_as_the_artifacts_run_did(row: Paper
     assert list(cfg.workload.rates) == logged["req_rate"]
 
 
+def router_timings(requests: pd.DataFrame, server_added_tokens: int = 0) -> RouterTimings:
+    done = requests[requests.status == "completed"]
+    return RouterTimings(
+        sent=done.arrival.to_numpy(),
+        first_token=done.first_token_at.to_numpy(),
+        finished=done.finished_at.to_numpy(),
+        prompt=done.prompt_len.to_numpy() + server_added_tokens,
+        output=done.output_len.to_numpy(),
+    )
+
+
+def fcfs_router_fit() -> LinearStepCost:
+    """The artifact cost model's shape: `fit_router_timings` on the artifact's two FCFS runs
+    (its server counts n + 2 tokens for the n its logs record: ArtifactSuite's default)."""
+    added = ArtifactSuite.__dataclass_fields__["server_added_tokens"].default
+    runs = [
+        router_timings(artifact_requests(LOGS / "FCFS" / f"all_results_{w}.jsonl.gz")[0], added)
+        for w in ("real", "overload")
+    ]
+    return fit_router_timings(runs, a10g_cost())
+
+
 def decode_seconds_per_token(requests: pd.DataFrame) -> float:
     """The median over completed requests of (last token - first token) / (output - 1)."""
     done = requests[(requests.status == "completed") & (requests.output_len > 1)]
     return float(np.median((done.finished_at - done.first_token_at) / (done.output_len - 1)))
 
 
-@pytest.mark.slow
-def test_the_artifact_run_speed_cv_is_the_spread_of_the_artifacts_logged_run_speeds():
-    """Each logged run's speed: its median time per output token over fairsim's, one unjittered
-    run of the same row. The artifact's runs went at speeds a few percent apart; the spread of
-    their log speeds is ARTIFACT_RUN_SPEED_CV (to its rounding). The clearest case: the
-    two-client overload suite with the same batches under FCFS and every VTC variant, its FCFS
-    run about 3% slower than all of them."""
+def logged_run_speeds(cost: LinearStepCost) -> dict[str, float]:
+    """Each logged run's speed against `cost` (front end included): its median time per output
+    token over fairsim's, one unjittered run of its row with `cost`'s terms."""
     from simulator.api import compose_config, simulate_config
 
+    terms = [f"cost_model.{name}={value!r}" for name, value in vars(cost).items() if value]
+    terms.append(f"cost_model.frontend_latency={cost.frontend_latency!r}")
     speeds: dict[str, float] = {}
     for row in ROWS:
         path = log_path(row)
@@ -147,11 +172,28 @@ def test_the_artifact_run_speed_cv_is_the_spread_of_the_artifacts_logged_run_spe
         if name in speeds:  # (Tables 4 and 5 share the FCFS overload run)
             continue
         measured = decode_seconds_per_token(artifact_requests(path)[0])
-        simulated = simulate_config(compose_config(list(row.overrides))).requests_frame()
-        speeds[name] = measured / decode_seconds_per_token(simulated)
+        cfg = compose_config([*row.overrides, *terms])
+        speeds[name] = measured / decode_seconds_per_token(simulate_config(cfg).requests_frame())
+    return speeds
+
+
+@pytest.mark.slow
+def test_the_artifact_cost_model_and_run_speed_cv_are_the_centre_and_spread_of_its_run_speeds():
+    """Each logged run's speed against the router fit of the two FCFS runs (no front end). The
+    artifact's runs went at speeds a few percent apart: the cost model is that fit at their
+    geometric mean (`centred_on_runs`; about 0.5% faster: both FCFS runs were slower than the
+    typical run), and ARTIFACT_RUN_SPEED_CV is the spread of their log speeds (to its
+    rounding). The clearest case of the spread: the two-client overload suite with the same
+    batches under FCFS and every VTC variant, its FCFS run about 3% slower than all of them."""
+    fit = fcfs_router_fit()
+    speeds = logged_run_speeds(fit)
     assert len(speeds) == 22
     spread = float(np.std(np.log(list(speeds.values())), ddof=1))
     assert round(spread, 3) == ARTIFACT_RUN_SPEED_CV, spread
+    conf = OmegaConf.load(ROOT / "conf/cost_model/a10g_llama7b_artifact.yaml")
+    for name, value in vars(centred_on_runs(fit, list(speeds.values()))).items():
+        if name != "frontend_latency":  # (fitted to the first tokens: tests/test_cost_models.py)
+            assert conf.get(name, 0.0) == pytest.approx(value, rel=1e-9), name
     overload = {k: v for k, v in speeds.items() if k.endswith("overload.jsonl.gz")}
     fcfs = overload.pop("FCFS/all_results_overload.jsonl.gz")
     assert len(overload) == 5 and all(1.025 < fcfs / v < 1.045 for v in overload.values())
