@@ -16,7 +16,7 @@ per-request term), decode step time = c + d * B + e * context. The numbers it gi
 `fit_router_timings` fits the decode terms and the per-step overhead to a server's measured
 per-request timings instead (what a kernel profile cannot see); on the artifact's two FCFS runs it
 gives the shape of `conf/cost_model/a10g_llama7b_artifact.yaml`, whose speed `centred_on_runs`
-then sets to the typical of the artifact's logged runs; tests re-run both.
+then sets to the typical speed of the artifact's 22 logged runs; tests re-run both.
 """
 
 from __future__ import annotations
