@@ -15,7 +15,6 @@ Usage: python benchmarks/vtc_real_alternation.py [--logs DIR] [--replications 20
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.api import compose_config, simulate_config
-from simulator.apps.papers.vtc_tables import ARTIFACT_RUN_SPEED_CV, ROWS
+from simulator.apps.papers.vtc_tables import ARTIFACT_RUN_SPEED_CV, ROWS, artifact_log_requests
 from simulator.apps.sweeps.replications import paper_replication
 from simulator.core.service import ProfiledService
 from simulator.metrics.fairness import (
@@ -37,27 +36,6 @@ from simulator.metrics.fairness import (
 HEAVY = ("dummy-lora-7b-rank-8-2", "dummy-lora-7b-rank-8-10")
 LAST = 10  # windows: the contended second half of the run
 TICKS = paper_ticks(600.0, 20, 30.0)
-
-
-def logged_requests(path: Path) -> pd.DataFrame:
-    """The artifact's log as the requests table the metrics read (aborted requests rejected)."""
-    with gzip.open(path, "rt") as f:
-        responses = json.loads(f.readline())["result"]["responses"]
-    r = pd.DataFrame(responses)
-    served = (r.first_token_latency >= 0).to_numpy()
-    return pd.DataFrame(
-        {
-            "request_id": np.arange(len(r)),
-            "client": r.adapter_dir,
-            "arrival": r.req_time,
-            "prompt_len": r.prompt_len,
-            "output_len": r.output_len,
-            "status": np.where(served, "completed", "rejected"),
-            "first_token_at": np.where(served, r.req_time + r.first_token_latency, np.nan),
-            "finished_at": np.where(served, r.req_time + r.request_latency, np.nan),
-            "tokens_emitted": np.where(served, r.output_len, 0),
-        }
-    )
 
 
 def scored(requests: pd.DataFrame, tokens: pd.DataFrame | None = None) -> dict[str, float]:
@@ -75,7 +53,7 @@ def main() -> None:
     parser.add_argument("--replications", type=int, default=20)
     args = parser.parse_args()
     row = next(r for r in ROWS if r.table == "3" and r.label == "VTC")
-    log = logged_requests(Path(args.logs, "VTC_profile", "all_results_real.jsonl.gz"))
+    log, _ = artifact_log_requests(Path(args.logs, "VTC_profile", "all_results_real.jsonl.gz"))
     rates = service_rates(served_intervals(log, None, ProfiledService()), TICKS, 60.0, 30.0)
     widest = int(np.argmax(np.abs(rates[HEAVY[0]] - rates[HEAVY[1]]).to_numpy()))
     window = [round(float(TICKS[widest]), 1), round(float(TICKS[widest]) + 60.0, 1)]

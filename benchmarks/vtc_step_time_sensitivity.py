@@ -17,7 +17,6 @@ Usage: python benchmarks/vtc_step_time_sensitivity.py [--scales 0.99,1,1.01] [--
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.api import compose_config, simulate_config
-from simulator.apps.papers.vtc_tables import ROWS, measure
+from simulator.apps.papers.vtc_tables import ROWS, artifact_log_requests, measure
 
 TERMS = (
     "prefill_per_token",
@@ -76,18 +75,16 @@ def batches(first_tokens: np.ndarray, clients: np.ndarray) -> dict[str, float | 
 def cycles(logs: Path) -> dict[str, dict[str, dict[str, float | list[int]]]]:
     out = {}
     for policy, folder in (("fcfs", "FCFS"), ("vtc", "VTC")):
-        path = logs / folder / "all_results_overload.jsonl.gz"
-        with gzip.open(path, "rt") as fh:
-            responses = json.loads(fh.readline())["result"]["responses"]
-        served = [r for r in responses if r["first_token_latency"] >= 0]
-        logged = np.array([r["req_time"] + r["first_token_latency"] for r in served])
-        names = np.array([r["adapter_dir"] for r in served])
+        logged, _ = artifact_log_requests(logs / folder / "all_results_overload.jsonl.gz")
+        logged = logged.dropna(subset=["first_token_at"])
         cfg = compose_config(
             ["experiment=vtc_overload", f"policy={policy}", "workload.duration=600"]
         )
         requests = simulate_config(cfg).requests_frame().dropna(subset=["first_token_at"])
         out[policy] = {
-            "artifact": batches(logged, names),
+            "artifact": batches(
+                logged.first_token_at.to_numpy(), logged.client.astype(str).to_numpy()
+            ),
             "fairsim": batches(
                 requests.first_token_at.to_numpy(), requests.client.astype(str).to_numpy()
             ),

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from test_vtc_artifact_logs import artifact_requests, fcfs_router_fit, log_path, router_timings
+from test_vtc_artifact_logs import fcfs_router_fit, log_path, router_timings
 
 from conftest import ROOT, a10g_cost, random_trace, shared_file
 from cost_models import ConstantStepCost, LinearStepCost, ProfileError, TableStepCost
@@ -14,7 +14,7 @@ from cost_models.profiles import (
     vtc_profile_table,
 )
 from policies import FCFS
-from simulator.apps.papers.vtc_tables import ARTIFACT_SPEED_CENTRE
+from simulator.apps.papers.vtc_tables import ARTIFACT_SPEED_CENTRE, artifact_log_requests
 from simulator.engines import simulate
 from simulator.engines.slora import SLoRAConfig
 
@@ -95,7 +95,9 @@ def test_artifact_front_end_is_the_fcfs_real_runs_first_token_excess_at_light_lo
     for row in (r for r in ROWS if r.table == "2"):
         cfg = compose_config([*row.overrides, "cost_model.frontend_latency=0"])
         simulated = simulate_config(cfg).requests_frame()
-        excess[row.label] = light_load_ttft_excess(artifact_requests(log_path(row))[0], simulated)
+        excess[row.label] = light_load_ttft_excess(
+            artifact_log_requests(log_path(row))[0], simulated
+        )
     assert float(np.median(excess["FCFS"])) == pytest.approx(conf.frontend_latency, rel=1e-9)
     assert len(excess["FCFS"]) > 50
     for label, gaps in excess.items():

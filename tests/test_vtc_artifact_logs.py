@@ -19,7 +19,12 @@ from conftest import ROOT, a10g_cost
 from cost_models import LinearStepCost
 from cost_models.profiles import RouterTimings, centred_on_runs, fit_router_timings
 from simulator.apps.papers.validation import FROM_ARTIFACT_LOGS, VTC_METRICS, VTC_RESPONSE
-from simulator.apps.papers.vtc_tables import ARTIFACT_RUN_SPEED_CV, ROWS, PaperRow
+from simulator.apps.papers.vtc_tables import (
+    ARTIFACT_RUN_SPEED_CV,
+    ROWS,
+    PaperRow,
+    artifact_log_requests,
+)
 from simulator.core.service import LinearService, ProfiledService
 from simulator.metrics.fairness import fairness_summary
 from traces.vtc_suites import ArtifactSuite
@@ -43,32 +48,10 @@ def log_path(row: PaperRow) -> Path:
     return LOGS / scheduler / f"all_results_{WORKLOADS[row.table]}.jsonl.gz"
 
 
-def artifact_requests(path: Path) -> tuple[pd.DataFrame, float]:
-    """A log as fairsim's requests table (aborted requests `rejected`), and its total time."""
-    with gzip.open(path, "rt") as f:
-        result = json.loads(f.readline())["result"]
-    r = pd.DataFrame(result["responses"])
-    aborted = (r.first_token_latency == -1).to_numpy()
-    requests = pd.DataFrame(
-        {
-            "request_id": np.arange(len(r)),
-            "client": r.adapter_dir,
-            "arrival": r.req_time,
-            "prompt_len": r.prompt_len,
-            "output_len": r.output_len,
-            "status": np.where(aborted, "rejected", "completed"),
-            "first_token_at": np.where(aborted, np.nan, r.req_time + r.first_token_latency),
-            "finished_at": np.where(aborted, np.nan, r.req_time + r.request_latency),
-            "tokens_emitted": np.where(aborted, 0, r.output_len),
-        }
-    )
-    return requests, float(result["total_time"])
-
-
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"Table {r.table} {r.label}")
 def test_the_artifacts_logs_scored_by_fairsim_give_the_published_numbers(row: PaperRow):
     path = log_path(row)
-    requests, total_time = artifact_requests(path)
+    requests, total_time = artifact_log_requests(path)
     service = ProfiledService() if row.table in ("3", "4") else LinearService()
     got = fairness_summary(requests, service=service, total=600.0)
     served = requests[requests.status == "completed"]
@@ -89,7 +72,7 @@ def test_the_artifacts_logs_scored_by_fairsim_give_the_published_numbers(row: Pa
 def test_the_real_trace_response_times_come_from_the_artifacts_logs(label: str):
     """The times to first token quoted for the real trace (served requests; the paper's text
     and the artifact's logs), to the digits quoted."""
-    requests, _ = artifact_requests(LOGS / SCHEDULERS[label] / "all_results_real.jsonl.gz")
+    requests, _ = artifact_log_requests(LOGS / SCHEDULERS[label] / "all_results_real.jsonl.gz")
     ttft = (requests.first_token_at - requests.arrival).dropna().to_numpy()
     measured = {
         "ttft_mean_s": ttft.mean(),
@@ -146,7 +129,7 @@ def fcfs_router_fit() -> LinearStepCost:
     (its server counts n + 2 tokens for the n its logs record: ArtifactSuite's default)."""
     added = ArtifactSuite.__dataclass_fields__["server_added_tokens"].default
     runs = [
-        router_timings(artifact_requests(LOGS / "FCFS" / f"all_results_{w}.jsonl.gz")[0], added)
+        router_timings(artifact_log_requests(LOGS / "FCFS" / f"all_results_{w}.jsonl.gz")[0], added)
         for w in ("real", "overload")
     ]
     return fit_router_timings(runs, a10g_cost())
@@ -171,7 +154,7 @@ def logged_run_speeds(cost: LinearStepCost) -> dict[str, float]:
         name = str(path.relative_to(LOGS))
         if name in speeds:  # (Tables 4 and 5 share the FCFS overload run)
             continue
-        measured = decode_seconds_per_token(artifact_requests(path)[0])
+        measured = decode_seconds_per_token(artifact_log_requests(path)[0])
         cfg = compose_config([*row.overrides, *terms])
         speeds[name] = measured / decode_seconds_per_token(simulate_config(cfg).requests_frame())
     return speeds

@@ -12,10 +12,16 @@ decode step and again after a step in which a request finishes).
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from simulator.api.run import compose_config, simulate_config
 from simulator.apps.common.command import run_command
@@ -162,6 +168,29 @@ ROWS = (
         875,
     ),
 )
+
+
+def artifact_log_requests(path: str | Path) -> tuple[pd.DataFrame, float]:
+    """One of the VTC artifact's result logs (`all_results_*.jsonl.gz`) as fairsim's requests
+    table (aborted requests `rejected`), and the run's total time."""
+    with gzip.open(path, "rt") as f:
+        result = json.loads(f.readline())["result"]
+    r = pd.DataFrame(result["responses"])
+    aborted = (r.first_token_latency == -1).to_numpy()
+    requests = pd.DataFrame(
+        {
+            "request_id": np.arange(len(r)),
+            "client": r.adapter_dir,
+            "arrival": r.req_time,
+            "prompt_len": r.prompt_len,
+            "output_len": r.output_len,
+            "status": np.where(aborted, "rejected", "completed"),
+            "first_token_at": np.where(aborted, np.nan, r.req_time + r.first_token_latency),
+            "finished_at": np.where(aborted, np.nan, r.req_time + r.request_latency),
+            "tokens_emitted": np.where(aborted, 0, r.output_len),
+        }
+    )
+    return requests, float(result["total_time"])
 
 
 def measure(
