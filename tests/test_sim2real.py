@@ -67,7 +67,7 @@ def small_run(tmp_path: Path) -> MeasuredRun:
         stage_ends=(15.0, 25.0),
         measured=metrics,
         stages=(metrics, metrics),
-        overloaded=False,
+        failed=0,
     )
 
 
@@ -124,12 +124,17 @@ def test_the_report_puts_the_published_errors_beside_fairsims():
     assert len(runs) == 16 and sum(r.training for r in runs) == len(TRAINING) == 9
     shared = [r.name for r in runs if r.name in PEERS["BLIS trained-physics"]]
     assert len(shared) == 7 and not any(r.training for r in runs if r.name in shared)
-    fake = {c: {r.name: {**{m: 10.0 for m in METRICS}, "seconds": 1.0} for r in runs}
-            for c in ("fitted", "roofline")}  # fmt: skip
+    fake = {c: {r.name: {**{m: 10.0 for m in METRICS}, "seconds": 1.0, "failed": 7}
+                for r in runs} for c in ("fitted", "roofline")}  # fmt: skip
     text = render(runs, fake)
     assert "| fairsim `fitted`, validation runs | 7 | 10.0% | 10.0% | 10.0% |" in text
     assert "| BLIS trained-physics (published), the same runs | 7 |" in text
     assert text.count("| V |") == 2 * 7 and text.count("| T |") == 2 * 9
+    # each overloaded run's failed requests, measured (from its file) beside the simulations'
+    overloaded = [r for r in runs if r.overloaded]
+    assert len(overloaded) == 4
+    for run in overloaded:
+        assert f"{run.name} {run.failed:,} / 7 / 7" in text
 
 
 def test_the_report_shows_a_picture_of_every_validation_runs_errors(tmp_path):
@@ -138,7 +143,10 @@ def test_the_report_shows_a_picture_of_every_validation_runs_errors(tmp_path):
     from simulator.apps.sim2real.figure import FIGURE_FILE, draw_errors, short_name
 
     runs = load_runs(shared_file(RUNS))
-    fake = {c: {r.name: {m: -5.0 for m in METRICS} for r in runs} for c in ("fitted", "roofline")}
+    fake = {
+        c: {r.name: {**{m: -5.0 for m in METRICS}, "failed": 0} for r in runs}
+        for c in ("fitted", "roofline")
+    }
     peer = PEERS["BLIS trained-physics"]
     draw_errors(runs, fake, peer, "BLIS trained-physics", tmp_path / FIGURE_FILE)
     image = imread(tmp_path / FIGURE_FILE)

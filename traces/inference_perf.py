@@ -18,6 +18,10 @@ Supported, as inference-perf generates them:
 - `load.type: constant` (per stage, rate x duration requests at exponential gaps rescaled to
   span the stage exactly) or `poisson` (per second a Poisson number of requests, spread the
   same way over that second), with `stages` of `rate` and `duration`, one after another.
+- `load.request_timeout`: the client gives up on a request this many seconds after sending it
+  (unset: 300 s, the default total timeout of the aiohttp session inference-perf's client
+  opens); the engine drops it then, waiting or running (reason `client_timeout`), and
+  inference-perf counts it as failed.
 - `server.ignore_eos`: true makes every answer exactly `output_len` tokens. With false a real
   server may stop early at an end-of-sequence token, which no config predicts: fairsim still
   generates `output_len` tokens (an upper bound), and says so.
@@ -41,6 +45,9 @@ from traces.files import resolve_path
 from traces.schema import Trace, TraceError
 
 BLOCK_TOKENS = 16  # tokens per prefix-block id (vLLM's default KV block)
+# seconds after which inference-perf's client gives up on a request when `load.request_timeout`
+# is unset: its aiohttp session then keeps aiohttp's default total timeout, 5 minutes
+DEFAULT_REQUEST_TIMEOUT = 300.0
 
 # the fields read, per section; the others listed are accepted and change nothing fairsim models
 # (where results go, the client's own concurrency and connections, its tokenizer, the endpoint)
@@ -68,6 +75,7 @@ FIELDS: dict[str, set[str]] = {
         "worker_max_concurrency",
         "worker_max_tcp_connections",
         "interval",
+        "request_timeout",
     },
     "load.stages": {"rate", "duration"},
     "server": {"type", "base_url", "model_name", "ignore_eos", "api_key"},
@@ -105,8 +113,9 @@ class InferencePerfWorkload:
                 "early; fairsim generates output_len tokens (an upper bound)",
                 file=sys.stderr,
             )
+        timeout = np.full(arrival.shape[0], request_timeout(cfg["load"]))
         if data["type"] == "shared_prefix":
-            return shared_prefix_trace(data["shared_prefix"], arrival, seed, where)
+            return shared_prefix_trace(data["shared_prefix"], arrival, timeout, seed, where)
         rng = np.random.default_rng(data_ss)
         n = arrival.shape[0]
         prompt = draw(data.get("input_distribution"), n, rng, f"{where}: data.input_distribution")
@@ -116,6 +125,7 @@ class InferencePerfWorkload:
             arrival=arrival,
             prompt_len=np.maximum(prompt, 1),
             output_len=np.maximum(output, 1),
+            client_timeout=timeout,
         )
 
 
@@ -147,12 +157,23 @@ def read_config(path: str | Path) -> dict[str, Any]:
     stages = load.get("stages")
     if not isinstance(stages, list) or not stages:
         raise TraceError(f"{path}: load.stages must be a non-empty list of {{rate, duration}}")
+    timeout = load.get("request_timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+    ):
+        raise TraceError(f"{path}: load.request_timeout={timeout!r}; expected seconds > 0 or null")
     for i, stage in enumerate(stages):
         for key in ("rate", "duration"):
             v = stage.get(key) if isinstance(stage, dict) else None
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise TraceError(f"{path}: load.stages[{i}].{key}={v!r}; expected a number > 0")
     return cfg
+
+
+def request_timeout(load: dict[str, Any]) -> float:
+    """Seconds after sending a request at which inference-perf's client gives up on it."""
+    value = load.get("request_timeout")
+    return DEFAULT_REQUEST_TIMEOUT if value is None else float(value)
 
 
 def _check_fields(node: dict[str, Any], section: str, path: str) -> None:
@@ -233,8 +254,11 @@ def draw(spec: Any, n: int, rng: np.random.Generator, where: str) -> np.ndarray:
     return np.clip(np.round(np.clip(values, low, high)), low, high).astype(np.int64)
 
 
-def shared_prefix_trace(sp: dict[str, Any], arrival: np.ndarray, seed: int, where: str) -> Trace:
-    """The shared-prefix generator's prompts, sent in turn as request i uses prompt i mod P."""
+def shared_prefix_trace(
+    sp: dict[str, Any], arrival: np.ndarray, timeout: np.ndarray, seed: int, where: str
+) -> Trace:
+    """The shared-prefix generator's prompts, sent in turn as request i uses prompt i mod P
+    (`timeout`: when each one's client gives up)."""
     groups = int(sp.get("num_groups", sp.get("num_unique_system_prompts", 10)))
     per_group = int(sp.get("num_prompts_per_group", sp.get("num_users_per_system_prompt", 10)))
     if groups < 1 or per_group < 1:
@@ -274,4 +298,5 @@ def shared_prefix_trace(sp: dict[str, Any], arrival: np.ndarray, seed: int, wher
         output_len=np.maximum(output[which], 1),
         block_hashes=ids,
         hash_block_tokens=BLOCK_TOKENS,
+        client_timeout=timeout,
     )

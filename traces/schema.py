@@ -96,6 +96,21 @@ def float_column(values: object, name: str, source: str) -> np.ndarray:
     return arr
 
 
+def timeout_column(values: object, source: str) -> np.ndarray:
+    """Client timeouts: seconds > 0 each, inf where the client never gives up."""
+    accepted = "seconds > 0 (inf: the client never gives up)"
+    raw = np.asarray(values, dtype=object).ravel().tolist()
+    out = np.empty(len(raw))
+    for i, v in enumerate(raw):
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError):
+            raise _fail(source, i, "client_timeout", v, accepted) from None
+        if not out[i] > 0:  # NaN, 0 or negative
+            raise _fail(source, i, "client_timeout", v, accepted)
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """Requests as numpy columns, sorted by (arrival, request_id).
@@ -120,6 +135,8 @@ class Trace:
     think_time: np.ndarray | None = None  # chained arrivals: see `predecessor`
     block_hashes: np.ndarray | None = None  # object: per row, the prompt's KV block hash ids
     slo_class: np.ndarray | None = None  # int8 codes into SLO_CLASSES
+    # per request, seconds after it is sent at which its client gives up (inf: never)
+    client_timeout: np.ndarray | None = None
     hash_block_tokens: int = 512  # prompt tokens each block hash id covers (Mooncake: 512)
     source: str = field(default="<trace>", compare=False)
 
@@ -150,6 +167,7 @@ class Trace:
         think_time: Sequence[float] | np.ndarray | None = None,
         block_hashes: Sequence[np.ndarray] | np.ndarray | None = None,
         slo_class: Sequence[object] | np.ndarray | None = None,
+        client_timeout: Sequence[float] | np.ndarray | None = None,
         hash_block_tokens: int = 512,
         source: str = "<trace>",
         sort: bool = False,
@@ -160,7 +178,8 @@ class Trace:
         given (so idle clients keep their place), else the order of first appearance.
         Unsorted arrivals are an error unless `sort=True` asks to sort them. `think_time` makes
         the trace chained (needs `interaction_id` and `call_index`; see `predecessor`).
-        `slo_class` holds class names (SLO_CLASSES).
+        `slo_class` holds class names (SLO_CLASSES). `client_timeout`: per request, the seconds
+        after its send time at which its client gives up (a number > 0, inf for never).
         """
         arrival_arr = float_column(arrival, "arrival", source)
         n = arrival_arr.shape[0]
@@ -179,6 +198,8 @@ class Trace:
             cols["block_hashes"] = block_hashes
         if slo_class is not None:
             cols["slo_class"] = slo_class
+        if client_timeout is not None:
+            cols["client_timeout"] = client_timeout
         if int(hash_block_tokens) != hash_block_tokens or hash_block_tokens < 1:
             raise _fail(source, None, "hash_block_tokens", hash_block_tokens, "an integer >= 1")
         for name, values in {**cols, **(optional or {})}.items():
@@ -236,6 +257,9 @@ class Trace:
             return None if a is None else a[order]
 
         think = None if think_time is None else float_column(think_time, "think_time", source)
+        timeout = None
+        if client_timeout is not None:
+            timeout = timeout_column(client_timeout, source)
         if think is not None:
             _check_chains(extra.get("interaction_id"), extra.get("call_index"), source)
         return cls(
@@ -255,6 +279,7 @@ class Trace:
             think_time=take(think),
             block_hashes=None if block_hashes is None else _object_column(block_hashes)[order],
             slo_class=take(classes),
+            client_timeout=take(timeout),
             hash_block_tokens=int(hash_block_tokens),
             source=source,
         )

@@ -376,7 +376,7 @@ class Timeline:
         if t.app is not None:  # users belong to apps (FairServe): the client is the user
             optional["app"] = pd.Categorical.from_codes(t.app, categories=list(t.app_names))
             optional["user"] = pd.Categorical.from_codes(t.client, categories=list(t.client_names))
-        for name in (*OPTIONAL_INT_COLUMNS, "think_time"):
+        for name in (*OPTIONAL_INT_COLUMNS, "think_time", "client_timeout"):
             if getattr(t, name) is not None:
                 optional[name] = getattr(t, name)
         if t.slo_class is not None:

@@ -38,6 +38,7 @@ import simpy
 from simpy.events import EventPriority
 
 from cost_models.base import StepCostModel
+from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import IN_FLIGHT, REFUSED, REJECTED, RequestState
 from simulator.core.seam import CounterPolicy, Finished, Policy
@@ -57,6 +58,7 @@ from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
 from simulator.engines.gateway import QUEUED, Gateway
 from simulator.engines.pools import DisaggregatedPools
 from simulator.engines.step_model import EngineConfig, Plan, StepModel
+from simulator.engines.vllm import VLLMReplica
 from traces.schema import Trace
 
 
@@ -99,6 +101,22 @@ class At(simpy.Event):
 
 STEP_END = 2  # priority of replica i's step end: STEP_END + i (SimPy's NORMAL events are 1)
 ABORTED = "aborted"  # the reason of a request whose client went away (live mode)
+CLIENT_TIMEOUT = "client_timeout"  # the reason of a request whose client gave up (its timeout)
+
+
+def client_timeouts(trace: Trace, engine: EngineConfig, disaggregated: bool) -> np.ndarray | None:
+    """The trace's client timeouts (None: no client ever gives up), where the engine can drop
+    a request whose client gave up: engine=vllm, co-located."""
+    timeouts = trace.client_timeout
+    if timeouts is None or not np.isfinite(timeouts).any():
+        return None
+    if engine.name != "vllm" or disaggregated:
+        raise ConfigError(
+            f"{trace.source}: its requests have client timeouts (clients give up), which "
+            f"engine=vllm without disaggregated pools models; got engine={engine.name}"
+            + (" with disaggregated pools" if disaggregated else "")
+        )
+    return timeouts
 
 
 class Runner:
@@ -130,6 +148,7 @@ class Runner:
         self.dispatcher.check(policy)
         self.dispatcher.see_trace(trace)
         n, shared = cluster.fleet_size, self.dispatcher.shared
+        self.timeouts = client_timeouts(trace, engine, cluster.disaggregated)
         # prefill and decode pools (simulator/engines/pools.py) instead of co-located replicas
         self.pools = (
             DisaggregatedPools(self, cluster, policy, engine, cost)
@@ -288,10 +307,27 @@ class Runner:
         if rejection is not None:
             self._end(req, now, REJECTED, rejection)
             return
+        if self.timeouts is not None and not self._watch_timeout(replica, req, now):
+            return
         state.reason[req] = "queued"
         queue.push(req)
         if self.coupled:
             self.queued(replica, now)
+
+    def _watch_timeout(self, replica: int, req: int, now: float) -> bool:
+        """The replica (every replica, where they share one queue) that may hold `req` drops it
+        when its client gives up; False: the client already has (the request ends here)."""
+        assert self.timeouts is not None
+        deadline = float(self.state.arrival[req] + self.timeouts[req])
+        if deadline == np.inf:
+            return True
+        if deadline <= now:
+            self.timed_out(replica, req, now)
+            return False
+        for rep in self.replicas if self.dispatcher.shared else [self.replicas[replica]]:
+            assert isinstance(rep, VLLMReplica)  # (`client_timeouts` checked the engine)
+            rep.watch_timeout(req, deadline)
+        return True
 
     def _release(self, req: int, t: float) -> None:
         feed = self._feeds[0] if self.coupled else self._feeds[self._target(req)]
@@ -306,6 +342,11 @@ class Runner:
     def aborted(self, replica: int, req: int, now: float) -> None:
         """A replica dropped an aborted running request (its memory is free)."""
         self._end(req, now, REJECTED, ABORTED)
+
+    def timed_out(self, replica: int, req: int, now: float) -> None:
+        """The client of `req` gave up: the replica dropped it from its queue or its running
+        batch (its memory is free)."""
+        self._end(req, now, REJECTED, CLIENT_TIMEOUT)
 
     # ---- endings ----------------------------------------------------------------------------
     def _end(self, req: int, now: float, status: int, reason: str) -> None:

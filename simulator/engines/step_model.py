@@ -168,6 +168,10 @@ class Host(Protocol):
         """The replica dropped `req`, aborted while running (its memory is free)."""
         ...
 
+    def timed_out(self, replica: int, req: int, now: float) -> None:
+        """The replica dropped `req` (waiting or running) at `now`: its client gave up."""
+        ...
+
     def queued(self, replica: int, now: float) -> None:
         """The replica put a request back into its queue at `now` (a preemption): wake who may
         pull it."""

@@ -35,6 +35,7 @@ import numpy as np
 from cost_models.base import StepCostModel, mixed_step_time
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
+from simulator.core.requests import IN_FLIGHT
 from simulator.core.seam import (
     ADMIT,
     OutputTokens,
@@ -276,6 +277,8 @@ class VLLMReplica:
         self._closed_runs: dict[int, list[tuple[int, int, int]]] = {}
         self._runs_seen = 0
         self._aborting: list[int] = []  # live mode: running requests to drop at the next step
+        # (when its client gives up, request) of requests that may be here: a heap
+        self.deadlines: list[tuple[float, int]] = []
         self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index, cfg.run_speed_cv)
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
@@ -294,8 +297,13 @@ class VLLMReplica:
 
     def next_event(self) -> float:
         """When this replica next has something of its own to do with nothing arriving: the
-        next load from its CPU tier ending (inf: none under way)."""
-        return self.loading[0][0] if self.loading else math.inf
+        next load from its CPU tier ending, or the next client giving up on a request here
+        (inf: neither)."""
+        deadlines, status = self.deadlines, self.state.status
+        while deadlines and status[deadlines[0][1]] != IN_FLIGHT:
+            heapq.heappop(deadlines)  # it ended before its client gave up
+        loaded = self.loading[0][0] if self.loading else math.inf
+        return min(loaded, deadlines[0][0]) if deadlines else loaded
 
     def kv_used(self) -> int:
         return self.pool.used * self.cfg.block_size
@@ -303,6 +311,8 @@ class VLLMReplica:
     def schedule(self, frontier: float) -> Plan | None:
         if self._aborting:
             self._drop_aborted()
+        if self.deadlines and self.deadlines[0][0] <= self.now:
+            self._drop_timed_out()
         while self.loading and self.loading[0][0] <= self.now:
             self._loaded(heapq.heappop(self.loading)[1])
         if self.received:
@@ -344,6 +354,29 @@ class VLLMReplica:
             self._leave(req, self.running.index(req))
             self.host.aborted(self.index, req, self.now)
         self._aborting.clear()
+
+    def watch_timeout(self, req: int, deadline: float) -> None:
+        """`req` joins this replica's queue; its client gives up at `deadline`."""
+        heapq.heappush(self.deadlines, (deadline, req))
+
+    def _drop_timed_out(self) -> None:
+        """Before the next step, as vLLM drops a request whose client disconnected: each one
+        whose client has given up leaves the queue (ending when its client gave up) or the
+        running batch (ending now, its blocks freed; the tokens it emitted stay emitted). One
+        whose KV is still loading from the CPU tier is dropped once it has joined the batch."""
+        status, queue = self.state.status, self.queue
+        while self.deadlines and self.deadlines[0][0] <= self.now:
+            deadline, req = heapq.heappop(self.deadlines)
+            if status[req] != IN_FLIGHT:
+                continue  # finished (or dropped) before its client gave up
+            if req in queue:
+                queue.remove(req)
+                self.host.timed_out(self.index, req, deadline)
+            elif req in self.running:
+                self._leave(req, self.running.index(req))
+                self.host.timed_out(self.index, req, self.now)
+            elif any(r == req for _, r in self.loading):
+                heapq.heappush(self.deadlines, (max(t for t, r in self.loading if r == req), req))
 
     def token_times(self, req: int, start: int) -> list[float]:
         """Times of the tokens `req` has emitted so far, from index `start` on: each run of

@@ -8,8 +8,8 @@ the model's reference step under the current iterate + the time before the first
 for + the sum of the steps it spans, each step's time = coefficients x its physics terms,
 `FittedCost.term_matrix`); solve for non-negative coefficients that minimise the relative
 errors; repeat until they settle. Only the runs named in `TRAINING` are read, and
-of those the ones without failed requests: their clients' timeouts are queueing the simulation
-does not model.
+of those the ones without failed requests (runs where clients gave up: the fit was made before
+fairsim modelled clients' timeouts, and is kept as it was made).
 
     fairsim-fit --runs DIR [--out cost_models/data/fitted/coefficients.json]
 """

@@ -59,11 +59,16 @@ class MeasuredRun:
     stage_ends: tuple[float, ...]  # seconds since the run's start at which each stage ends
     measured: dict[str, float]  # METRICS over the whole run
     stages: tuple[dict[str, float], ...]  # METRICS per stage
-    overloaded: bool  # requests failed (client timeouts): queueing no simulation reproduces
+    failed: int  # requests that failed: inference-perf's client gave up on them (its timeout)
 
     @property
     def training(self) -> bool:
         return self.name in TRAINING
+
+    @property
+    def overloaded(self) -> bool:
+        """Requests failed: the server fell so far behind that clients gave up."""
+        return self.failed > 0
 
 
 def measured_metrics(stats: dict[str, Any]) -> dict[str, float]:
@@ -105,7 +110,7 @@ def load_run(folder: Path) -> MeasuredRun:
         stage_ends=tuple(ends),
         measured=measured_metrics(summary),
         stages=tuple(stages),
-        overloaded=int(summary.get("failures", {}).get("count", 0)) > 0,
+        failed=int(summary.get("failures", {}).get("count", 0)),
     )
 
 
