@@ -179,3 +179,31 @@ def test_the_overloaded_llama_7b_run_completes_about_as_many_requests_as_measure
     lost = timeline.status == REJECTED
     assert lost.sum() + done == len(timeline.status)
     assert (timeline.reason[lost] == "client_timeout").all()
+
+
+def test_a_table_trace_reads_each_requests_timeout_and_a_transform_sets_one_for_all(tmp_path):
+    from simulator.api import build_trace, compose_config, simulate_config
+    from traces import ClientTimeout
+
+    table = tmp_path / "trace.csv"
+    table.write_text(
+        "arrival,prompt_len,output_len,timeout\n0,2000,400,inf\n0.01,2000,400,0.5\n0.02,2000,400,2\n"
+    )
+    base = [
+        "workload=table",
+        f"workload.path={table}",
+        "+workload.options.columns.client_timeout=timeout",
+        "engine=vllm",
+        "engine.pool_tokens=4000",  # one request at a time
+        "compare_with=null",
+    ]
+    cfg = compose_config(base)
+    assert build_trace(cfg).client_timeout.tolist() == [np.inf, 0.5, 2.0]
+    tl = simulate_config(cfg)
+    assert tl.status[0] == COMPLETED and (tl.reason[1:] == "client_timeout").all()
+    every = compose_config(
+        [*base[:2], *base[3:], "workload.transforms=[{_target_: traces.ClientTimeout, seconds: 9}]"]
+    )
+    assert (build_trace(every).client_timeout == 9.0).all()
+    with pytest.raises(TraceError, match="ClientTimeout.seconds must be > 0"):
+        ClientTimeout(0).apply(build_trace(every))

@@ -15,6 +15,7 @@ from traces.servegen import ServeGenPool
 from traces.synthetic import ClientSpec, SyntheticWorkload
 from traces.transforms import (
     AssignClients,
+    ClientTimeout,
     FilterLengths,
     SampleRescale,
     ScaleTokens,
@@ -31,6 +32,7 @@ __all__ = [
     "AppSpec",
     "MultiAppWorkload",
     "AssignClients",
+    "ClientTimeout",
     "FilterLengths",
     "LengthsWorkload",
     "SampleRescale",

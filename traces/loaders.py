@@ -56,13 +56,22 @@ def load_table(
     client: str | None = None,
 ) -> Trace:
     """A generic table. `columns` maps the trace's fields (arrival, prompt_len, output_len and
-    optionally client, request_id, slo_class) to the file's column names; arrival times are in
+    optionally client, request_id, slo_class, client_timeout: seconds after its send at which
+    each request's client gives up) to the file's column names; arrival times are in
     `time_unit` (s, ms, us) and shifted to start at 0. Without a client column every row gets
     `client` (or the file's stem)."""
     source = str(path)
     mapping = {"arrival": "arrival", "prompt_len": "prompt_len", "output_len": "output_len"}
     mapping.update(columns or {})
-    accepted = ("arrival", "prompt_len", "output_len", "client", "request_id", "slo_class")
+    accepted = (
+        "arrival",
+        "prompt_len",
+        "output_len",
+        "client",
+        "request_id",
+        "slo_class",
+        "client_timeout",
+    )
     unknown = set(mapping) - set(accepted)
     if unknown:
         raise TraceError(
@@ -108,6 +117,9 @@ def _trace(
             frame[mapping["slo_class"]].astype(str).to_numpy(dtype=object)
             if "slo_class" in mapping
             else None
+        ),
+        client_timeout=(
+            frame[mapping["client_timeout"]].to_numpy() if "client_timeout" in mapping else None
         ),
         source=source,
         sort=sort,

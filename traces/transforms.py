@@ -125,6 +125,23 @@ class ScaleTokens:
 
 
 @dataclass(frozen=True)
+class ClientTimeout:
+    """Every request's client gives up `seconds` after sending it (a chat user who stops
+    waiting, a client library's request timeout): the engine then drops the request, waiting
+    or running (reason `client_timeout`)."""
+
+    seconds: float
+
+    def apply(self, trace: Trace, rng: np.random.Generator | None = None) -> Trace:
+        if isinstance(self.seconds, bool) or not self.seconds > 0:
+            raise TraceError(
+                f"ClientTimeout.seconds must be > 0 (inf: never), got {self.seconds!r}"
+            )
+        timeout = np.full(len(trace), float(self.seconds))
+        return dataclasses.replace(trace, client_timeout=timeout)
+
+
+@dataclass(frozen=True)
 class FilterLengths:
     """Drop (or, with `cap`, clip) requests whose prompt >= `prompt_below` or output >=
     `output_below`. Etalon's recommended filter: prompt_below=16384, output_below=1024."""
