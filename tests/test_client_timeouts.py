@@ -207,3 +207,16 @@ def test_a_table_trace_reads_each_requests_timeout_and_a_transform_sets_one_for_
     assert (build_trace(every).client_timeout == 9.0).all()
     with pytest.raises(TraceError, match="ClientTimeout.seconds must be > 0"):
         ClientTimeout(0).apply(build_trace(every))
+
+
+def test_replicas_in_forked_processes_drop_the_same_requests_as_in_one():
+    tr = dataclasses.replace(
+        _busy_trace(), client_timeout=np.resize(np.array([0.3, 1.0, np.inf]), 80)
+    )
+    cfg = VLLMConfig(pool_tokens=2000)
+    one, two = (
+        simulate(tr, FCFS(), a10g_cost(), cfg, ClusterConfig(2, "round_robin", processes))
+        for processes in (1, 2)
+    )
+    assert (one.reason == "client_timeout").sum() > 0
+    assert one.requests_frame().equals(two.requests_frame())
