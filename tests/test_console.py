@@ -99,3 +99,26 @@ def test_the_last_progress_line_is_at_100_percent_with_the_summary_throughput():
     assert "100%" in last and f"Completed: {completed}/{len(requests)}" in last
     rate = latency.token_throughput(requests)
     assert f"Throughput: {rate:.0f} tok/s" in last and last.endswith("(run ended)")
+
+
+def test_the_requests_line_says_why_requests_did_not_complete():
+    import dataclasses
+
+    from simulator.engines import VLLMConfig
+
+    trace = random_trace(3, 200, 2, 300, 200, 40.0)
+    timeout = np.resize(np.array([0.2, np.inf]), len(trace))
+    timeline = simulate(
+        dataclasses.replace(trace, client_timeout=timeout),
+        FCFS(),
+        a10g_cost(),
+        VLLMConfig(pool_tokens=2000),
+    )
+    r, t, s = timeline.requests_frame(), timeline.tokens_frame(), timeline.steps_frame()
+    summary = summarize(timeline, r, t, s, {})
+    line = next(x for x in format_summary(summary).splitlines() if x.startswith("requests:"))
+    gave_up = int((r.reason == "client_timeout").sum())
+    assert gave_up > 0
+    assert line.endswith(f"(why not completed: {gave_up} rejected:client_timeout)")
+    done = format_summary(summary_of(random_trace(2, 20, 2, 50, 20, 1.0)))
+    assert "why not completed" not in done

@@ -65,9 +65,10 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"{_fmt(s['tpot']['mean'], 4):>11}{_fmt(s['e2e']['mean']):>10}"
         )
     counts = ", ".join(f"{k} {v}" for k, v in summary["status_counts"].items())
+    why = ", ".join(f"{n} {key}" for key, n in sorted(summary.get("reasons", {}).items()))
     lines += [
         "",
-        f"requests: {counts}",
+        f"requests: {counts}" + (f" (why not completed: {why})" if why else ""),
         f"throughput (prompt+output of completed / last finish): "
         f"{_fmt(summary['throughput_tokens_per_s'], 1)} tokens/s",
     ]
