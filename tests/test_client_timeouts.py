@@ -9,13 +9,13 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_engine import workloads
 from test_inference_perf import PROFILE, write
 from test_vllm_engine import check_invariants
 
-from conftest import a10g_cost, shared_file
+from conftest import a10g_cost, random_trace, shared_file
 from cost_models import ConstantStepCost
 from policies import FCFS, VTC
 from simulator.core.errors import ConfigError
@@ -83,18 +83,31 @@ engines = st.builds(
     max_num_batched_tokens=st.sampled_from([32, 512]),
     max_num_seqs=st.sampled_from([4, 256]),
     horizon=st.sampled_from([None, 3.0]),
+    cpu_kv_tokens=st.sampled_from([0, 0, 4000]),  # a CPU tier: requests wait on their KV loads
+    kv_bytes_per_token=st.just(131_072),
+)
+clusters = st.sampled_from(
+    [None, ClusterConfig(2, "least_requests"), ClusterConfig(2, "central")]  # coupled, shared
 )
 
 
 @pytest.mark.slow
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads, timeouts, engines, st.sampled_from([FCFS, VTC]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads, timeouts, engines, st.sampled_from([FCFS, VTC]), clusters)
+@example(  # a client gives up while its request waits behind a run that passes the horizon
+    random_trace(seed=0, n=11, clients=2, max_prompt=8, max_output=300, rate=5.0),
+    [0.05, 4.0],
+    VLLMConfig(pool_tokens=640, max_num_batched_tokens=32, max_num_seqs=4, horizon=3.0),
+    FCFS,
+    None,
+)
 def test_fast_forward_gives_the_timeline_of_stepping_with_clients_giving_up(
-    tr, cycle, cfg, make_policy
+    tr, cycle, cfg, make_policy, cluster
 ):
     tr = dataclasses.replace(tr, client_timeout=np.resize(np.array(cycle), len(tr)))
-    on = simulate(tr, make_policy(), a10g_cost(), cfg)
-    off = simulate(tr, make_policy(), a10g_cost(), dataclasses.replace(cfg, fast_forward=False))
+    on = simulate(tr, make_policy(), a10g_cost(), cfg, cluster)
+    stepping = dataclasses.replace(cfg, fast_forward=False)
+    off = simulate(tr, make_policy(), a10g_cost(), stepping, cluster)
     check_invariants(on, cfg)
     lost = on.status == REJECTED
     assert set(on.reason[lost].tolist()) <= {"client_timeout"}
@@ -220,3 +233,18 @@ def test_replicas_in_forked_processes_drop_the_same_requests_as_in_one():
     )
     assert (one.reason == "client_timeout").sum() > 0
     assert one.requests_frame().equals(two.requests_frame())
+
+
+def test_the_client_timeout_key_gives_every_workloads_requests_one_timeout(tmp_path):
+    from simulator.api import build_trace, compose_config
+
+    chat = build_trace(compose_config(["workload=poisson_chat", "client_timeout=20"]))
+    assert (chat.client_timeout == 20.0).all()
+    assert build_trace(compose_config(["workload=poisson_chat"])).client_timeout is None
+    profile = write(tmp_path, PROFILE)
+    own = ["workload=inference_perf", f"workload.path={profile}"]
+    assert (build_trace(compose_config(own)).client_timeout == 300.0).all()
+    assert (build_trace(compose_config([*own, "client_timeout=60"])).client_timeout == 60).all()
+    for bad in ("0", "-3", "soon", "true"):
+        with pytest.raises(ConfigError, match="client_timeout=.*expected seconds > 0 .*or null"):
+            build_trace(compose_config(["workload=poisson_chat", f"client_timeout={bad}"]))

@@ -156,7 +156,10 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
     ("args", "message"),
     [
         (["policy=nope"], "policy=nope: no such config; accepted: andes, dlpm, drr, fairserve"),
-        (["no_such_key=1"], "no_such_key: not a setting of fairsim; accepted: ['cluster', "),
+        (
+            ["no_such_key=1"],
+            "no_such_key: not a setting of fairsim; accepted: ['client_timeout', 'cluster', ",
+        ),
         (
             ["engine.pool_token=1000"],
             "engine.pool_token: not a setting of engine (did you mean engine.pool_tokens?); "
@@ -176,7 +179,10 @@ def test_cli_slos_and_the_prefill_curve_deadline(tmp_path):
         (["engine.pool_tokens=10k"], "engine.pool_tokens='10k': expected an integer"),
         (["seed=abc"], "seed='abc': expected an integer"),
         (["+policy.speed=2"], "policy.speed: not a setting of policies.VTC; accepted: ["),
-        (["+seeed=3"], "seeed: not a setting of this command; accepted: ['cluster', "),
+        (
+            ["+seeed=3"],
+            "seeed: not a setting of this command; accepted: ['client_timeout', 'cluster', ",
+        ),
         (["cost_model=table"], "cost_model.path has no value; give one, e.g. cost_model.path="),
         (["workload=mooncake"], "workload.path has no value; give one, e.g. workload.path="),
         (["workload.duration=0"], "duration must be > 0"),

@@ -63,6 +63,7 @@ from simulator.report.veeksha import (
     write_veeksha_summaries,
 )
 from traces.schema import Trace
+from traces.transforms import ClientTimeout
 
 
 def unfit(trace: Trace, engine: EngineConfig, cost: StepCostModel) -> dict[str, int]:
@@ -73,9 +74,18 @@ def unfit(trace: Trace, engine: EngineConfig, cost: StepCostModel) -> dict[str, 
 
 def build_trace(cfg: DictConfig) -> Trace:
     """The workload's trace, each request labelled with its SLO class where the gateway block
-    names classes (or the workload gave them, or the gateway acts)."""
+    names classes (or the workload gave them, or the gateway acts), and with `client_timeout`
+    (when set) as every request's."""
     workload = instantiate(cfg.workload, _convert_="all")
     trace = workload.build(int(cfg.seed))
+    timeout = cfg.get("client_timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(
+                f"client_timeout={timeout!r}: expected seconds > 0 (.inf: never) or null (the "
+                "workload's own)"
+            )
+        trace = ClientTimeout(float(timeout)).apply(trace)
     gateway = gateway_config(cfg)
     if gateway is None or not gateway.labels(trace):
         return trace

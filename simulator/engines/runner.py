@@ -112,9 +112,9 @@ def client_timeouts(trace: Trace, engine: EngineConfig, disaggregated: bool) -> 
         return None
     if engine.name != "vllm" or disaggregated:
         raise ConfigError(
-            f"{trace.source}: its requests have client timeouts (clients give up), which "
-            f"engine=vllm without disaggregated pools models; got engine={engine.name}"
-            + (" with disaggregated pools" if disaggregated else "")
+            f"{trace.source}: its requests have client timeouts (`client_timeout`, or the "
+            "workload's own), which only engine=vllm without disaggregated pools models; got "
+            f"engine={engine.name}" + (" with disaggregated pools" if disaggregated else "")
         )
     return timeouts
 

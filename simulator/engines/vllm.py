@@ -311,12 +311,12 @@ class VLLMReplica:
     def schedule(self, frontier: float) -> Plan | None:
         if self._aborting:
             self._drop_aborted()
-        if self.deadlines and self.deadlines[0][0] <= self.now:
-            self._drop_timed_out()
         while self.loading and self.loading[0][0] <= self.now:
             self._loaded(heapq.heappop(self.loading)[1])
         if self.received:
             self._join_received()
+        if self.deadlines and self.deadlines[0][0] <= self.now:
+            self._drop_timed_out(self.now)
         if self.fast_forward and self._can_run():
             plan = self._decode_run(frontier)
             if plan is not None:
@@ -335,6 +335,8 @@ class VLLMReplica:
         return p + self._output[req] - min(self.req.computed[req], p) - self.state.generated[req]
 
     def close(self) -> None:
+        if self.cfg.horizon is not None:  # (a run of steps may have passed a deadline)
+            self._drop_timed_out(self.cfg.horizon)
         self.pool.check()  # private + cached + empty blocks add up to the pool
         for r in self.running:
             self.state.reason[r] = "running"
@@ -359,13 +361,16 @@ class VLLMReplica:
         """`req` joins this replica's queue; its client gives up at `deadline`."""
         heapq.heappush(self.deadlines, (deadline, req))
 
-    def _drop_timed_out(self) -> None:
-        """Before the next step, as vLLM drops a request whose client disconnected: each one
-        whose client has given up leaves the queue (ending when its client gave up) or the
-        running batch (ending now, its blocks freed; the tokens it emitted stay emitted). One
-        whose KV is still loading from the CPU tier is dropped once it has joined the batch."""
+    def _drop_timed_out(self, until: float) -> None:
+        """As vLLM drops a request whose client disconnected, before its next step (`until`:
+        now), or when the run stops at its horizon (`until`: the horizon): each request here
+        whose client gave up by `until` leaves the queue (ending when its client gave up) or
+        the running batch (ending at `until`, its blocks freed; the tokens it emitted stay
+        emitted). One whose KV is still loading from the CPU tier waits until it has joined
+        the batch."""
         status, queue = self.state.status, self.queue
-        while self.deadlines and self.deadlines[0][0] <= self.now:
+        loading = []
+        while self.deadlines and self.deadlines[0][0] <= until:
             deadline, req = heapq.heappop(self.deadlines)
             if status[req] != IN_FLIGHT:
                 continue  # finished (or dropped) before its client gave up
@@ -374,9 +379,11 @@ class VLLMReplica:
                 self.host.timed_out(self.index, req, deadline)
             elif req in self.running:
                 self._leave(req, self.running.index(req))
-                self.host.timed_out(self.index, req, self.now)
+                self.host.timed_out(self.index, req, until)
             elif any(r == req for _, r in self.loading):
-                heapq.heappush(self.deadlines, (max(t for t, r in self.loading if r == req), req))
+                loading.append((max(t for t, r in self.loading if r == req), req))
+        for entry in loading:
+            heapq.heappush(self.deadlines, entry)
 
     def token_times(self, req: int, start: int) -> list[float]:
         """Times of the tokens `req` has emitted so far, from index `start` on: each run of
