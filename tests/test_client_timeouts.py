@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_engine import engines as slora_engines
 from test_engine import workloads
 from test_inference_perf import PROFILE, write
 from test_vllm_engine import check_invariants
 
-from conftest import a10g_cost, random_trace, shared_file
+from conftest import a10g_cost, check_accounting, random_trace, shared_file
 from cost_models import ConstantStepCost
 from policies import FCFS, VTC
 from simulator.core.errors import ConfigError
-from simulator.core.requests import COMPLETED, REJECTED
+from simulator.core.requests import COMPLETED, IN_FLIGHT, REJECTED
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
 from traces import InferencePerfWorkload, Trace, TraceError
 
@@ -138,13 +139,47 @@ def _busy_trace() -> Trace:
     )
 
 
-def test_client_timeouts_need_the_co_located_vllm_engine():
+def test_client_timeouts_need_co_located_replicas():
     tr = dataclasses.replace(_busy_trace(), client_timeout=np.full(80, 1.0))
-    with pytest.raises(ConfigError, match="client timeouts.*engine=vllm.*got engine=slora"):
-        simulate(tr, FCFS(), a10g_cost(), SLoRAConfig())
     pools = ClusterConfig(prefill_replicas=1, decode_replicas=1)
-    with pytest.raises(ConfigError, match="with disaggregated pools"):
+    with pytest.raises(ConfigError, match="client timeouts.*not across disaggregated pools"):
         simulate(tr, FCFS(), a10g_cost(), VLLMConfig(pool_tokens=4000), pools)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads, timeouts, slora_engines, st.sampled_from([FCFS, VTC]))
+def test_the_slora_router_drops_the_same_requests_stepping_or_taking_runs(
+    tr, cycle, cfg, make_policy
+):
+    tr = dataclasses.replace(tr, client_timeout=np.resize(np.array(cycle), len(tr)))
+    on = simulate(tr, make_policy(), a10g_cost(), cfg)
+    off = simulate(tr, make_policy(), a10g_cost(), dataclasses.replace(cfg, fast_forward=False))
+    check_accounting(on)
+    lost = on.status == REJECTED
+    assert set(on.reason[lost].tolist()) <= {"client_timeout"}
+    if cfg.horizon is None:
+        assert (on.status != IN_FLIGHT).all()
+    assert on.requests_frame().equals(off.requests_frame())
+    for key in on.steps:
+        assert np.array_equal(on.steps[key], off.steps[key]), key
+
+
+def test_the_slora_router_drops_a_running_request_before_its_next_step():
+    # the router prefills both in one step (0.1 s), then decodes every 0.01 s: B's client
+    # leaves at 0.155, inside the step 0.15 -> 0.16, and B is gone from the step after it
+    trace = Trace.from_columns(
+        client=["a", "b"],
+        arrival=[0.0, 0.0],
+        prompt_len=[10, 10],
+        output_len=[100, 100],
+        client_timeout=[np.inf, 0.155],
+    )
+    tl = simulate(trace, FCFS(), CONST, SLoRAConfig(pool_tokens=10_000))
+    assert tl.status.tolist() == [COMPLETED, REJECTED] and tl.reason[1] == "client_timeout"
+    assert tl.generated[1] == 7  # tokens at 0.10, 0.11, ..., 0.16
+    check_accounting(tl)
+    assert tl.finished_at[0] == pytest.approx(0.1 + 99 * 0.01)
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), "soon"])

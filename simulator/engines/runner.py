@@ -58,7 +58,6 @@ from simulator.engines.fast_forward import MAX_RUN_SEGMENTS
 from simulator.engines.gateway import QUEUED, Gateway
 from simulator.engines.pools import DisaggregatedPools
 from simulator.engines.step_model import EngineConfig, Plan, StepModel
-from simulator.engines.vllm import VLLMReplica
 from traces.schema import Trace
 
 
@@ -104,17 +103,17 @@ ABORTED = "aborted"  # the reason of a request whose client went away (live mode
 CLIENT_TIMEOUT = "client_timeout"  # the reason of a request whose client gave up (its timeout)
 
 
-def client_timeouts(trace: Trace, engine: EngineConfig, disaggregated: bool) -> np.ndarray | None:
-    """The trace's client timeouts (None: no client ever gives up), where the engine can drop
-    a request whose client gave up: engine=vllm, co-located."""
+def client_timeouts(trace: Trace, disaggregated: bool) -> np.ndarray | None:
+    """The trace's client timeouts (None: no client ever gives up), where the replicas can
+    drop a request whose client gave up: not across disaggregated pools."""
     timeouts = trace.client_timeout
     if timeouts is None or not np.isfinite(timeouts).any():
         return None
-    if engine.name != "vllm" or disaggregated:
+    if disaggregated:
         raise ConfigError(
             f"{trace.source}: its requests have client timeouts (`client_timeout`, or the "
-            "workload's own), which only engine=vllm without disaggregated pools models; got "
-            f"engine={engine.name}" + (" with disaggregated pools" if disaggregated else "")
+            "workload's own), which fairsim models on co-located replicas, not across "
+            "disaggregated pools (cluster.prefill_replicas > 0)"
         )
     return timeouts
 
@@ -148,7 +147,7 @@ class Runner:
         self.dispatcher.check(policy)
         self.dispatcher.see_trace(trace)
         n, shared = cluster.fleet_size, self.dispatcher.shared
-        self.timeouts = client_timeouts(trace, engine, cluster.disaggregated)
+        self.timeouts = client_timeouts(trace, cluster.disaggregated)
         # prefill and decode pools (simulator/engines/pools.py) instead of co-located replicas
         self.pools = (
             DisaggregatedPools(self, cluster, policy, engine, cost)
@@ -325,7 +324,6 @@ class Runner:
             self.timed_out(replica, req, now)
             return False
         for rep in self.replicas if self.dispatcher.shared else [self.replicas[replica]]:
-            assert isinstance(rep, VLLMReplica)  # (`client_timeouts` checked the engine)
             rep.watch_timeout(req, deadline)
         return True
 

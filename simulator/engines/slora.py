@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import math
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -40,13 +39,16 @@ from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.fit import BatchFit, RunningFit
 from simulator.engines.jitter import step_jitter
 from simulator.engines.step_model import (
+    Deadlines,
     EngineKnobs,
     Host,
     Pairs,
     Plan,
     StepModel,
     check_integers,
+    clients_gone,
     decode_step_ends,
+    next_deadline,
     settle,
 )
 from traces.schema import Trace
@@ -158,6 +160,8 @@ class SLoRAReplica:
         self.steps = StepRecorder()
         self.decode_ends = array("d")  # every decode step's end: token k >= 1 of a request
         self._aborting: list[int] = []  # live mode: running requests to drop at the next step
+        # (when its client gives up, request) of requests that may be here: a heap
+        self.deadlines: Deadlines = []
         self._gone: set[int] = set()  # dropped: their finish-heap entries are skipped
         self.stopped_at = np.full(n, -1, dtype=np.int64)  # tokens an aborted request emitted
         self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index, cfg.run_speed_cv)
@@ -172,7 +176,9 @@ class SLoRAReplica:
         return bool(self.running.shape[0] or len(self.queue))
 
     def next_event(self) -> float:
-        return math.inf  # nothing of its own happens while it idles
+        """The next client giving up on a request here (inf: none): nothing else of its own
+        happens while it idles."""
+        return next_deadline(self.deadlines, self.state.status)
 
     def kv_used(self) -> int:
         return self.kv
@@ -180,6 +186,8 @@ class SLoRAReplica:
     def schedule(self, frontier: float) -> Plan | None:
         if self._aborting:
             self._drop_aborted()
+        if self.deadlines and self.deadlines[0][0] <= self.now:
+            self._drop_timed_out(self.now)
         cfg = self.cfg
         idle = not self.running.shape[0]
         if idle or (self.wait_steps >= cfg.max_wait_tokens and len(self.queue)):
@@ -210,6 +218,8 @@ class SLoRAReplica:
         return self._output[req] - min(self.decodes - fd + 1, self._output[req])
 
     def close(self) -> None:
+        if self.cfg.horizon is not None:  # (a run of steps may have passed a deadline)
+            self._drop_timed_out(self.cfg.horizon)
         state = self.state
         state.reason[self.running] = "running"
         rows = np.flatnonzero(self.first_decode >= 0)
@@ -228,19 +238,39 @@ class SLoRAReplica:
         self._aborting.append(req)
 
     def _drop_aborted(self) -> None:
-        """Drop the aborted running requests: their KV (prompt and every token but the last)
-        is freed before the next step."""
+        """Drop the aborted running requests before the next step."""
         for req in self._aborting:
-            if not np.any(self.running == req):
-                continue  # it finished meanwhile
-            emitted = min(self.decodes - int(self.first_decode[req]) + 1, self._output[req])
-            self.stopped_at[req] = emitted
-            table = self._run_table
-            self._set_running(table.compress(table[0] != req, axis=1))
-            self._leave(req, self._prompt[req] + emitted - 1)
-            self._gone.add(req)
-            self.host.aborted(self.index, req, self.now)
+            if np.any(self.running == req):  # (else it finished meanwhile)
+                self._stop(req)
+                self.host.aborted(self.index, req, self.now)
         self._aborting.clear()
+
+    def watch_timeout(self, req: int, deadline: float) -> None:
+        """`req` joins this replica's queue; its client gives up at `deadline`."""
+        heapq.heappush(self.deadlines, (deadline, req))
+
+    def _drop_timed_out(self, until: float) -> None:
+        """Before the next step (`until`: now), or when the run stops at its horizon (`until`:
+        the horizon): each request here whose client gave up by `until` leaves the queue
+        (ending when its client gave up) or the running batch (ending at `until`)."""
+        queue = self.queue
+        for deadline, req in clients_gone(self.deadlines, self.state.status, until):
+            if req in queue:
+                queue.remove(req)
+                self.host.timed_out(self.index, req, deadline)
+            elif np.any(self.running == req):
+                self._stop(req)
+                self.host.timed_out(self.index, req, until)
+
+    def _stop(self, req: int) -> None:
+        """Running `req` stops where it is: its KV (prompt and every token but the last) is
+        freed; the tokens it emitted stay emitted."""
+        emitted = min(self.decodes - int(self.first_decode[req]) + 1, self._output[req])
+        self.stopped_at[req] = emitted
+        table = self._run_table
+        self._set_running(table.compress(table[0] != req, axis=1))
+        self._leave(req, self._prompt[req] + emitted - 1)
+        self._gone.add(req)
         self._fit = None
 
     def token_times(self, req: int, start: int) -> list[float]:
@@ -366,6 +396,9 @@ class SLoRAReplica:
                 frontier=frontier,
                 wait_left=cfg.max_wait_tokens - self.wait_steps,
             )
+            # a client giving up ends the run with the step under way then, however long the
+            # router would wait (the next step drops the request)
+            k = min(k, bisect_left(ends, self.next_event()) + 1)
             ends = ends[:k]
         return DecodePlan(self.now, ends, ends[-1])
 

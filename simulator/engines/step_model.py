@@ -12,7 +12,9 @@ builds the replicas and says which requests they can never serve.
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -21,7 +23,7 @@ import numpy as np
 from cost_models.base import StepCostModel
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.requests import RequestState
+from simulator.core.requests import IN_FLIGHT, RequestState
 from simulator.core.seam import ADMIT, Drop, Policy, check_hooks
 from simulator.core.timeline import StepRecorder, TokenRuns
 from simulator.engines.arrivals import Arrivals
@@ -130,6 +132,27 @@ def decode_step_ends(
     return times
 
 
+Deadlines = list[tuple[float, int]]  # (when its client gives up, request): a heap
+
+
+def clients_gone(
+    deadlines: Deadlines, status: np.ndarray, until: float
+) -> Iterator[tuple[float, int]]:
+    """Take off `deadlines`, in time order, each request whose client gave up by `until`, and
+    yield (when, request) for those still in flight (the others ended before)."""
+    while deadlines and deadlines[0][0] <= until:
+        deadline, req = heapq.heappop(deadlines)
+        if status[req] == IN_FLIGHT:
+            yield deadline, req
+
+
+def next_deadline(deadlines: Deadlines, status: np.ndarray) -> float:
+    """When the next client of a request still in flight gives up (inf: none)."""
+    while deadlines and status[deadlines[0][1]] != IN_FLIGHT:
+        heapq.heappop(deadlines)  # it ended before its client gave up
+    return deadlines[0][0] if deadlines else math.inf
+
+
 def settle(
     policy: Policy, queue: WaitingQueue, host: Host, req: int, now: float, fits: bool, verdict: Any
 ) -> bool:
@@ -232,6 +255,11 @@ class StepModel(Protocol):
     def abort(self, req: int) -> None:
         """Drop running `req` at the start of the next step, freeing its memory, and tell the
         host (`Host.aborted`)."""
+        ...
+
+    def watch_timeout(self, req: int, deadline: float) -> None:
+        """`req` joins this replica's queue and its client gives up at `deadline`: the replica
+        drops it then, waiting or running, before its next step (`Host.timed_out`)."""
         ...
 
     def token_times(self, req: int, start: int) -> list[float]:

@@ -35,7 +35,6 @@ import numpy as np
 from cost_models.base import StepCostModel, mixed_step_time
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.requests import IN_FLIGHT
 from simulator.core.seam import (
     ADMIT,
     OutputTokens,
@@ -50,13 +49,16 @@ from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.jitter import step_jitter
 from simulator.engines.kv_blocks import BlockPool, CPUTier, block_keys, kv_token_bytes
 from simulator.engines.step_model import (
+    Deadlines,
     EngineKnobs,
     Host,
     Pairs,
     Plan,
     StepModel,
     check_integers,
+    clients_gone,
     decode_step_ends,
+    next_deadline,
     settle,
 )
 from traces.schema import Trace
@@ -278,7 +280,7 @@ class VLLMReplica:
         self._runs_seen = 0
         self._aborting: list[int] = []  # live mode: running requests to drop at the next step
         # (when its client gives up, request) of requests that may be here: a heap
-        self.deadlines: list[tuple[float, int]] = []
+        self.deadlines: Deadlines = []
         self.jitter = step_jitter(cfg.step_jitter_cv, cfg.step_jitter_seed, index, cfg.run_speed_cv)
         self._keys: dict[int, list[int]] = {}
         self.prefilling: set[int] = set()  # running requests whose (re)prefill is not done
@@ -299,11 +301,8 @@ class VLLMReplica:
         """When this replica next has something of its own to do with nothing arriving: the
         next load from its CPU tier ending, or the next client giving up on a request here
         (inf: neither)."""
-        deadlines, status = self.deadlines, self.state.status
-        while deadlines and status[deadlines[0][1]] != IN_FLIGHT:
-            heapq.heappop(deadlines)  # it ended before its client gave up
         loaded = self.loading[0][0] if self.loading else math.inf
-        return min(loaded, deadlines[0][0]) if deadlines else loaded
+        return min(loaded, next_deadline(self.deadlines, self.state.status))
 
     def kv_used(self) -> int:
         return self.pool.used * self.cfg.block_size
@@ -368,12 +367,8 @@ class VLLMReplica:
         the running batch (ending at `until`, its blocks freed; the tokens it emitted stay
         emitted). One whose KV is still loading from the CPU tier waits until it has joined
         the batch."""
-        status, queue = self.state.status, self.queue
-        loading = []
-        while self.deadlines and self.deadlines[0][0] <= until:
-            deadline, req = heapq.heappop(self.deadlines)
-            if status[req] != IN_FLIGHT:
-                continue  # finished (or dropped) before its client gave up
+        queue, loading = self.queue, []
+        for deadline, req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
                 self.host.timed_out(self.index, req, deadline)
