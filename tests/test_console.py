@@ -120,5 +120,19 @@ def test_the_requests_line_says_why_requests_did_not_complete():
     gave_up = int((r.reason == "client_timeout").sum())
     assert gave_up > 0
     assert line.endswith(f"(why not completed: {gave_up} rejected:client_timeout)")
-    done = format_summary(summary_of(random_trace(2, 20, 2, 50, 20, 1.0)))
-    assert "why not completed" not in done
+    gone = r[r.reason == "client_timeout"]
+    block = summary["client_timeouts"]
+    assert block == {
+        "requests": gave_up,
+        "before_first_token": int((gone.tokens_emitted == 0).sum()),
+        "after_first_token": int((gone.tokens_emitted > 0).sum()),
+        "output_tokens_wasted": int(gone.tokens_emitted.sum()),
+    }
+    assert block["before_first_token"] > 0 and block["after_first_token"] > 0  # both kinds here
+    assert (
+        f"clients gave up on {gave_up} requests ({block['before_first_token']} before their "
+        f"first token, {block['after_first_token']} after it); "
+        f"{block['output_tokens_wasted']} output tokens were generated for them in vain"
+    ) in format_summary(summary)
+    done = summary_of(random_trace(2, 20, 2, 50, 20, 1.0))
+    assert "why not completed" not in format_summary(done) and "client_timeouts" not in done

@@ -69,6 +69,7 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
     lines += [
         "",
         f"requests: {counts}" + (f" (why not completed: {why})" if why else ""),
+        *_gave_up(summary.get("client_timeouts")),
         f"throughput (prompt+output of completed / last finish): "
         f"{_fmt(summary['throughput_tokens_per_s'], 1)} tokens/s",
     ]
@@ -131,6 +132,17 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"{inter['interactions_ended']} ended, completion time mean {_fmt(lat['mean'])} s",
         )
     return "\n".join(lines)
+
+
+def _gave_up(block: dict[str, int] | None) -> list[str]:
+    """The clients that gave up (summary.json's `client_timeouts`), when any did."""
+    if not block or not block["requests"]:
+        return []
+    return [
+        f"clients gave up on {block['requests']} requests ({block['before_first_token']} before "
+        f"their first token, {block['after_first_token']} after it); "
+        f"{block['output_tokens_wasted']} output tokens were generated for them in vain"
+    ]
 
 
 def format_tiers(block: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from simulator.core.requests import STATUSES
 from simulator.core.timeline import Timeline
-from simulator.metrics import interactions, latency, replicas
+from simulator.metrics import abandonment, interactions, latency, replicas
 from simulator.metrics.fairness import fairness_summary, tick_span
 from simulator.metrics.replicas import StepTotals
 from simulator.metrics.tiers import tier_summary
@@ -133,6 +133,8 @@ def summarize(
         extra["autoscaler"] = replicas.fleet_summary(timeline.info["fleet"], requests)  # type: ignore[arg-type]
     if "prefill_replica" in requests:  # disaggregated pools
         extra["disaggregation"] = replicas.disaggregation(requests)
+    if "client_timeout" in requests:  # clients that may give up
+        extra["client_timeouts"] = abandonment.client_timeouts(requests)
     if "replica" in requests:  # simulated (a measured run sees no replicas)
         extra["replicas"] = replicas.per_replica(requests, facts.emitted, totals)
     reasons = (
