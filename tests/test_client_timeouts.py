@@ -283,3 +283,35 @@ def test_the_client_timeout_key_gives_every_workloads_requests_one_timeout(tmp_p
     for bad in ("0", "-3", "soon", "true"):
         with pytest.raises(ConfigError, match="client_timeout=.*expected seconds > 0 .*or null"):
             build_trace(compose_config(["workload=poisson_chat", f"client_timeout={bad}"]))
+
+
+def test_a_request_held_at_the_gateway_leaves_it_when_its_client_gives_up():
+    """With flow control, a request waits at the gateway while the pool is saturated: its
+    client giving up there ends it there, never dispatched; taking runs of steps or stepping
+    one by one ends the same requests."""
+    from simulator.api import compose_config, simulate_config
+
+    args = [
+        "engine=vllm",
+        "engine.pool_tokens=10000",
+        "workload=vtc_overload",
+        "workload.duration=40",
+        "policy=fcfs",
+        "cluster.replicas=2",
+        "cluster.dispatcher=least_requests",
+        "gateway.flow_control.enabled=true",
+        "gateway.flow_control.fairness=vtc",
+        "gateway.saturation.queue_depth=1",  # a replica has room only while nearly empty
+        "gateway.saturation.kv_utilization=0.05",
+        "client_timeout=6",
+        "compare_with=null",
+    ]
+    runs = [simulate_config(compose_config([*args, f"engine.fast_forward={ff}"])) for ff in (1, 0)]
+    on, off = runs
+    assert on.requests_frame().equals(off.requests_frame())
+    requests = on.requests_frame()
+    gone = requests[requests.reason == "client_timeout"]
+    at_gateway = gone[gone.gateway_dispatched_at.isna()]
+    assert len(at_gateway) > 0 and (at_gateway.tokens_emitted == 0).all()
+    assert len(gone) > len(at_gateway), "others gave up once dispatched"
+    assert set(requests.status) <= {"completed", "rejected"}

@@ -14,6 +14,7 @@ from traces.schema import Trace
 # failed: a measured request (fairsim-bench) that ended in an error: an HTTP error, a timeout,
 # a dropped connection; a simulation never fails a request
 STATUSES = ("completed", "rejected", "refused", "in_flight", "failed")
+CLIENT_TIMEOUT = "client_timeout"  # the reason of a request whose client gave up (rejected)
 COMPLETED, REJECTED, REFUSED, IN_FLIGHT, FAILED = range(len(STATUSES))
 
 

@@ -46,6 +46,7 @@ import numpy as np
 
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
+from simulator.core.requests import CLIENT_TIMEOUT
 from simulator.core.seam import (
     ADMIT,
     CounterPolicy,
@@ -258,7 +259,13 @@ class Gateway:
     """The gateway of one run: `arrive` on each arrival, `pump` whenever the pool may have
     room (after every step), `ended` when a dispatched request ends."""
 
-    def __init__(self, cfg: GatewayConfig, trace: Trace, client_of: list[int]) -> None:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        trace: Trace,
+        client_of: list[int],
+        deadline: Callable[[int], float] = lambda req: math.inf,
+    ) -> None:
         assert isinstance(cfg.admission, AdmissionConfig)
         assert isinstance(cfg.flow_control, FlowControlConfig)
         assert isinstance(cfg.saturation, SaturationConfig)
@@ -274,7 +281,9 @@ class Gateway:
         self.bands: dict[int, Band] = {}
         self.client_of = client_of
         self.queued = 0
-        self.expiries: list[tuple[float, int]] = []  # (expiry, request) while it waits
+        # (when, request, reason) while it waits: its TTL, or its client giving up
+        self.expiries: list[tuple[float, int, str]] = []
+        self.deadline = deadline  # when a request's client gives up (inf: never)
         self.dispatched_at = np.full(len(trace), np.nan)
         # KV in use on a replica as of an instant: after its last step (the runner's reading
         # when a run of decode steps may be under way then)
@@ -303,8 +312,13 @@ class Gateway:
             return reason
         band.queue.push(req)
         self.queued += 1
-        if self.flow.ttl is not None:
-            heapq.heappush(self.expiries, (now + self.flow.ttl, req))
+        ttl = math.inf if self.flow.ttl is None else now + self.flow.ttl
+        gone = self.deadline(req)
+        if min(ttl, gone) < math.inf:
+            heapq.heappush(
+                self.expiries,
+                (ttl, req, TTL_EXPIRED) if ttl <= gone else (gone, req, CLIENT_TIMEOUT),
+            )
         return None
 
     def _admission(self, req: int, now: float, replicas: list[StepModel]) -> str | None:
@@ -367,7 +381,7 @@ class Gateway:
         return band
 
     def next_expiry(self) -> float:
-        """When the next waiting request's TTL runs out (inf: none)."""
+        """When the next waiting request's TTL runs out or its client gives up (inf: none)."""
         while self.expiries and not self._waiting(self.expiries[0][1]):
             heapq.heappop(self.expiries)
         return self.expiries[0][0] if self.expiries else math.inf
@@ -379,10 +393,10 @@ class Gateway:
         """Expire what waited too long, then dispatch while the pool has room: the highest band
         with a request its policy admits, that request."""
         while self.expiries and self.expiries[0][0] <= now:
-            _, req = heapq.heappop(self.expiries)
+            _, req, reason = heapq.heappop(self.expiries)
             if self._waiting(req):
                 self._leave(req)
-                reject(req, now, TTL_EXPIRED)
+                reject(req, now, reason)
         while self.queued and not self.saturated(replicas, now):
             picked = self._next(now, reject)
             if picked is None:

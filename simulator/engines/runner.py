@@ -40,7 +40,7 @@ from simpy.events import EventPriority
 from cost_models.base import StepCostModel
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.requests import IN_FLIGHT, REFUSED, REJECTED, RequestState
+from simulator.core.requests import CLIENT_TIMEOUT, IN_FLIGHT, REFUSED, REJECTED, RequestState
 from simulator.core.seam import CounterPolicy, Finished, Policy
 from simulator.core.timeline import SpillPlan, Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
@@ -100,7 +100,6 @@ class At(simpy.Event):
 
 STEP_END = 2  # priority of replica i's step end: STEP_END + i (SimPy's NORMAL events are 1)
 ABORTED = "aborted"  # the reason of a request whose client went away (live mode)
-CLIENT_TIMEOUT = "client_timeout"  # the reason of a request whose client gave up (its timeout)
 
 
 def client_timeouts(trace: Trace, disaggregated: bool) -> np.ndarray | None:
@@ -171,7 +170,7 @@ class Runner:
         # the gateway in front (simulator/engines/gateway.py), when it decides anything
         gateway = cluster.gateway
         self.gateway = (
-            Gateway(gateway, trace, self.state.client_of)
+            Gateway(gateway, trace, self.state.client_of, self._deadline)
             if gateway is not None and gateway.active
             else None
         )
@@ -313,11 +312,16 @@ class Runner:
         if self.coupled:
             self.queued(replica, now)
 
+    def _deadline(self, req: int) -> float:
+        """When the client of `req` gives up (inf: never), counted from its send."""
+        if self.timeouts is None:
+            return np.inf
+        return float(self.state.arrival[req] + self.timeouts[req])
+
     def _watch_timeout(self, replica: int, req: int, now: float) -> bool:
         """The replica (every replica, where they share one queue) that may hold `req` drops it
         when its client gives up; False: the client already has (the request ends here)."""
-        assert self.timeouts is not None
-        deadline = float(self.state.arrival[req] + self.timeouts[req])
+        deadline = self._deadline(req)
         if deadline == np.inf:
             return True
         if deadline <= now:
@@ -418,7 +422,8 @@ class Runner:
             scraped = self._scraped()
             if scraped:
                 self.env.process(self._scrape(scraped))
-            if self.gateway is not None and self.gateway.flow.ttl is not None:
+            gateway = self.gateway
+            if gateway is not None and (gateway.flow.ttl is not None or self.timeouts is not None):
                 self.env.process(self._gateway_expiries())
             if self.fleet is not None:
                 self.env.process(self._autoscale())

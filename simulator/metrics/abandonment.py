@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-GAVE_UP = "client_timeout"  # the reason of a request whose client gave up
+from simulator.core.requests import CLIENT_TIMEOUT
 
 
 def client_timeouts(requests: pd.DataFrame) -> dict[str, int]:
     """Requests whose clients gave up: in all, before their first token (waiting) or after it
     (running or preempted), and the output tokens emitted to clients no longer there."""
-    gone = (requests["reason"] == GAVE_UP).fillna(False).to_numpy(dtype=bool)
+    gone = (requests["reason"] == CLIENT_TIMEOUT).fillna(False).to_numpy(dtype=bool)
     emitted = requests["tokens_emitted"].to_numpy()[gone]
     return {
         "requests": int(gone.sum()),

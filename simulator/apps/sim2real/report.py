@@ -38,7 +38,7 @@ from simulator.apps.sim2real.runs import (
     signed_error,
     simulated_metrics,
 )
-from simulator.engines.runner import CLIENT_TIMEOUT
+from simulator.core.requests import CLIENT_TIMEOUT
 from simulator.report.run_folder import write_text_atomically
 
 # Signed percentage errors published for the same runs (whole run, stage -1) in
