@@ -315,3 +315,15 @@ def test_a_request_held_at_the_gateway_leaves_it_when_its_client_gives_up():
     assert len(at_gateway) > 0 and (at_gateway.tokens_emitted == 0).all()
     assert len(gone) > len(at_gateway), "others gave up once dispatched"
     assert set(requests.status) <= {"completed", "rejected"}
+
+
+def test_merged_tenants_keep_each_requests_client_timeout():
+    from traces import ClientTimeout, merge
+
+    patient = _busy_trace()
+    hasty = ClientTimeout(2.0).apply(_busy_trace())
+    both = merge({"patient": patient, "hasty": hasty})
+    names = np.array(both.client_names)[both.client]
+    assert (both.client_timeout[np.char.startswith(names.astype(str), "hasty")] == 2.0).all()
+    assert np.isinf(both.client_timeout[np.char.startswith(names.astype(str), "patient")]).all()
+    assert merge({"a": patient, "b": patient}).client_timeout is None

@@ -219,12 +219,12 @@ class AssignClients:
 def merge(parts: Mapping[str, Trace]) -> Trace:
     """Several traces as tenants of one: a part's clients become `name` (a one-client part) or
     `name/client`; requests interleave by time (ties: the earlier part first) and are renumbered
-    0, 1, ... in that order."""
+    0, 1, ... in that order. Client timeouts stay each request's (none in a part: inf)."""
     if not parts:
         raise TraceError("merge needs at least one trace")
     names: list[str] = []
     weights: dict[str, float] = {}
-    clients, arrival, prompt, output, part_of = [], [], [], [], []
+    clients, arrival, prompt, output, part_of, timeout = [], [], [], [], [], []
     for k, (name, t) in enumerate(parts.items()):
         own = [name] if t.num_clients == 1 else [f"{name}/{c}" for c in t.client_names]
         clients.append(t.client + len(names))
@@ -234,8 +234,11 @@ def merge(parts: Mapping[str, Trace]) -> Trace:
         prompt.append(t.prompt_len)
         output.append(t.output_len)
         part_of.append(np.full(len(t), k))
+        own_timeout = t.client_timeout
+        timeout.append(np.full(len(t), np.inf) if own_timeout is None else own_timeout)
     a, part = np.concatenate(arrival), np.concatenate(part_of)
     order = np.lexsort((part, a))
+    any_timeout = any(t.client_timeout is not None for t in parts.values())
     return Trace.from_columns(
         client=np.asarray(names, dtype=object)[np.concatenate(clients)[order]],
         client_names=names,
@@ -243,5 +246,6 @@ def merge(parts: Mapping[str, Trace]) -> Trace:
         arrival=a[order],
         prompt_len=np.concatenate(prompt)[order],
         output_len=np.concatenate(output)[order],
+        client_timeout=np.concatenate(timeout)[order] if any_timeout else None,
         source=f"merged({', '.join(parts)})",
     )
