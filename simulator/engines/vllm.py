@@ -35,6 +35,7 @@ import numpy as np
 from cost_models.base import StepCostModel, mixed_step_time
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
+from simulator.core.requests import IN_FLIGHT
 from simulator.core.seam import (
     ADMIT,
     OutputTokens,
@@ -337,6 +338,10 @@ class VLLMReplica:
         if self.cfg.horizon is not None:  # (a run of steps may have passed a deadline)
             self._drop_timed_out(self.cfg.horizon)
         self.pool.check()  # private + cached + empty blocks add up to the pool
+        cpu, status = self.pool.cpu, self.state.status
+        ended = [r for r in cpu.swapped if status[r] != IN_FLIGHT] if cpu is not None else []
+        if ended:  # a request that left holds no KV in the CPU tier
+            raise RuntimeError(f"CPU KV tier still holds requests that ended: {ended[:5]}")
         for r in self.running:
             self.state.reason[r] = "running"
         for r in [*self.receiving, *self.received]:
@@ -371,6 +376,7 @@ class VLLMReplica:
         for deadline, req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
+                self._forget_waiting(req)
                 self.host.timed_out(self.index, req, deadline)
             elif req in self.running:
                 self._leave(req, self.running.index(req))
@@ -660,11 +666,16 @@ class VLLMReplica:
             self.req.remote.discard(req)
             return True
         if settle(policy, queue, self.host, req, now, fits, verdict):
-            pool.untrack(req)
-            self.req.remote.discard(req)
-            self._forget_swap(req)
+            self._forget_waiting(req)
             return None
         return False
+
+    def _forget_waiting(self, req: int) -> None:
+        """A waiting request left for good (dropped): the pool stops tracking its prefix match
+        and the KV it had swapped out to the CPU tier is no longer needed."""
+        self.pool.untrack(req)
+        self.req.remote.discard(req)
+        self._forget_swap(req)
 
     def _loaded(self, req: int) -> None:
         """A load from the CPU tier ended: the prompt blocks it brought enter the GPU cache."""
