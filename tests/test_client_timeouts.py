@@ -333,15 +333,10 @@ def test_a_request_swapped_out_to_the_cpu_tier_frees_it_when_its_client_gives_up
     """Preempted by swapping its KV out to the CPU tier, a request waits; its client giving
     up then frees that CPU memory (the replica checks at the end that no request that ended
     still holds any)."""
-    tr = random_trace(seed=878722, n=102, clients=1, max_prompt=8, max_output=300, rate=5.0)
+    from test_cpu_kv_tier import swapping
+
+    tr, cfg = swapping()
     tr = dataclasses.replace(tr, client_timeout=np.resize(np.array([np.inf, 1.0]), len(tr)))
-    cfg = VLLMConfig(
-        pool_tokens=640,
-        block_size=1,
-        cpu_kv_tokens=4000,
-        kv_bytes_per_token=131_072,
-        preemption_mode="swap",
-    )
     tl = simulate(tr, FCFS(), a10g_cost(), cfg)
     check_invariants(tl, cfg)
     assert tl.request_columns["swap_ins"].sum() > 0, "requests were swapped out and back"

@@ -139,3 +139,32 @@ def test_cpu_tier_settings_are_checked():
         simulate(
             trace([0.0], [10], [2]), FCFS(), CONST, VLLMConfig(pool_tokens=100, cpu_kv_tokens=64)
         )
+
+
+def test_a_request_swapped_out_by_one_replica_and_resumed_by_another_is_recomputed_there():
+    """Replicas sharing one queue (dispatcher central): the KV a preempted request swapped out
+    sits in its replica's CPU memory, which another replica cannot read. Resumed elsewhere, it
+    recomputes, and the first replica's CPU tier lets go of it (the replica checks at the end
+    that no request that ended still holds any)."""
+    from simulator.engines import ClusterConfig
+
+    tr, cfg = swapping()
+    tl = simulate(tr, FCFS(), a10g_cost(), cfg, ClusterConfig(2, "central"))
+    check_invariants(tl, cfg)
+    cols = tl.request_columns
+    assert cols["swap_ins"].sum() > 0, "some resume where they were swapped out"
+    assert cols["preemptions"].sum() > cols["swap_ins"].sum(), "others resume elsewhere"
+
+
+def swapping() -> tuple:
+    """A trace and an engine under which preempted requests swap their KV out to the CPU tier
+    (a tight GPU pool, outputs up to 300 tokens)."""
+    tr = random_trace(seed=878722, n=102, clients=1, max_prompt=8, max_output=300, rate=5.0)
+    cfg = VLLMConfig(
+        pool_tokens=640,
+        block_size=1,
+        cpu_kv_tokens=4000,
+        kv_bytes_per_token=131_072,
+        preemption_mode="swap",
+    )
+    return tr, cfg

@@ -78,6 +78,7 @@ class OnlineRunner(Runner):
         for queue in {id(q): q for q in self.queues}.values():
             if req in queue:
                 queue.remove(req)
+                next(rep for rep in self.replicas if rep.queue is queue).forget_waiting(req)
                 self._end(req, now, REJECTED, ABORTED)
                 return
         if self.state.reason[req] != "not_arrived":  # running, or in a step being formed:

@@ -245,6 +245,9 @@ class SLoRAReplica:
                 self.host.aborted(self.index, req, self.now)
         self._aborting.clear()
 
+    def forget_waiting(self, req: int) -> None:
+        """(The router keeps nothing for a waiting request.)"""
+
     def watch_timeout(self, req: int, deadline: float) -> None:
         """`req` joins this replica's queue; its client gives up at `deadline`."""
         heapq.heappush(self.deadlines, (deadline, req))

@@ -257,6 +257,11 @@ class StepModel(Protocol):
         host (`Host.aborted`)."""
         ...
 
+    def forget_waiting(self, req: int) -> None:
+        """Waiting `req` left for good (its client went away): drop what the replica kept for
+        it (a prefix match it tracks, KV swapped out to its CPU tier)."""
+        ...
+
     def watch_timeout(self, req: int, deadline: float) -> None:
         """`req` joins this replica's queue and its client gives up at `deadline`: the replica
         drops it then, waiting or running, before its next step (`Host.timed_out`)."""

@@ -205,7 +205,9 @@ class VLLMRequests:
         self.recompute_avoided = [0] * n
         self.preemptions = [0] * n
         self.cpu_cached_tokens = [0] * n  # prompt tokens loaded from the CPU tier, first time
-        self.swapped: dict[int, int] = {}  # waiting request -> tokens of KV swapped to the CPU
+        # waiting request -> tokens of KV swapped out at a preemption, and the CPU tier (of the
+        # replica that preempted it) holding them
+        self.swapped: dict[int, tuple[int, CPUTier]] = {}
         self.swap_ins = [0] * n
         # disaggregated pools: waiting requests whose prompt KV is held on a prefill replica
         self.remote: set[int] = set()
@@ -376,7 +378,7 @@ class VLLMReplica:
         for deadline, req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
-                self._forget_waiting(req)
+                self.forget_waiting(req)
                 self.host.timed_out(self.index, req, deadline)
             elif req in self.running:
                 self._leave(req, self.running.index(req))
@@ -573,7 +575,11 @@ class VLLMReplica:
                 continue
             total = self._prompt[req] + state.generated[req]  # a resumed request recomputes all
             keys = self.keys(req)
-            swapped = self.req.swapped.get(req)
+            held = self.req.swapped.get(req)
+            if held is not None and held[1] is not pool.cpu:  # (a queue shared by replicas)
+                self._forget_swap(req)  # swapped out on another replica: recomputed here
+                held = None
+            swapped = None if held is None else held[0]
             hit = 0 if swapped is not None else pool.cached_prefix(keys, total)
             from_cpu = 0 if swapped is not None else pool.cpu_prefix(keys, hit, total)
             if swapped is not None or from_cpu:  # KV comes back from the CPU tier first
@@ -591,7 +597,7 @@ class VLLMReplica:
             verdict = policy.admit(req, now, fits)
             if verdict is not ADMIT or not fits:
                 if settle(policy, queue, self.host, req, now, fits, verdict):
-                    pool.untrack(req)  # it left the queue
+                    self.forget_waiting(req)  # it left the queue
                     continue
                 break
             pool.admit(req, keys, hit, start + n, reserve)
@@ -627,13 +633,11 @@ class VLLMReplica:
         claimed = self._claim(req, keys, hit, tokens)
         if claimed is not True:
             return claimed is None  # dropped: pick again
-        pool, now, size = self.pool, self.now, self.block_size
+        now, size = self.now, self.block_size
         state, r = self.state, self.req
         r.computed[req] = tokens
         if req in r.swapped:
-            del r.swapped[req]
-            assert pool.cpu is not None
-            pool.cpu.release_swap(req)
+            r.swapped.pop(req)[1].release_swap(req)  # (this replica's tier: `_admit`)
             r.swap_ins[req] += 1
             r.recompute_avoided[req] += tokens
         elif state.admitted_at[req] != state.admitted_at[req]:  # NaN: its first admission
@@ -666,11 +670,11 @@ class VLLMReplica:
             self.req.remote.discard(req)
             return True
         if settle(policy, queue, self.host, req, now, fits, verdict):
-            self._forget_waiting(req)
+            self.forget_waiting(req)
             return None
         return False
 
-    def _forget_waiting(self, req: int) -> None:
+    def forget_waiting(self, req: int) -> None:
         """A waiting request left for good (dropped): the pool stops tracking its prefix match
         and the KV it had swapped out to the CPU tier is no longer needed."""
         self.pool.untrack(req)
@@ -684,9 +688,9 @@ class VLLMReplica:
 
     def _forget_swap(self, req: int) -> None:
         """A waiting request left: the KV it had swapped out is no longer needed."""
-        if self.req.swapped.pop(req, None) is not None:
-            assert self.pool.cpu is not None
-            self.pool.cpu.release_swap(req)
+        held = self.req.swapped.pop(req, None)
+        if held is not None:
+            held[1].release_swap(req)
 
     # ---- disaggregated pools ------------------------------------------------------------
     def _admit_remote(self, req: int) -> bool:
@@ -761,7 +765,7 @@ class VLLMReplica:
         tokens, cpu = r.computed[req], self.pool.cpu
         swap = self.cfg.preemption_mode == "swap" and tokens > 0
         if swap and cpu is not None and cpu.swap_out(req, self.pool.blocks_for(tokens)):
-            r.swapped[req] = tokens  # (no room there: recompute)
+            r.swapped[req] = (tokens, cpu)  # (no room there: recompute)
             self.bytes_swapped_out += tokens * self.kv_bytes
             # the copy out happens before the next step runs (vLLM's swap_out)
             self.swap_seconds += tokens * self.kv_bytes / self.pcie.bytes_per_second
