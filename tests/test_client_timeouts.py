@@ -139,13 +139,6 @@ def _busy_trace() -> Trace:
     )
 
 
-def test_client_timeouts_need_co_located_replicas():
-    tr = dataclasses.replace(_busy_trace(), client_timeout=np.full(80, 1.0))
-    pools = ClusterConfig(prefill_replicas=1, decode_replicas=1)
-    with pytest.raises(ConfigError, match="client timeouts.*not across disaggregated pools"):
-        simulate(tr, FCFS(), a10g_cost(), VLLMConfig(pool_tokens=4000), pools)
-
-
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads, timeouts, slora_engines, st.sampled_from([FCFS, VTC]))

@@ -2,6 +2,8 @@
 the journey of a request across the pools, the KV link, the deciders, conservation across pools,
 and VTC's service bound with counters shared by both pools."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -150,9 +152,11 @@ def check_pools(tl, prefill_cfg, decode_cfg, prefill):
         assert (steps["start"][mine][1:] >= steps["end"][mine][:-1]).all(), "no overlap"
         assert steps["num_tokens"][mine].max(initial=0) <= cfg.max_num_batched_tokens
         assert steps["batch_size"][mine].max(initial=0) <= cfg.max_num_seqs
-    unrecorded = tl.info.get("preemptions_not_in_steps", 0)  # the horizon came first
+    # made with nothing left to run: the horizon came first, or the clients left gave up
+    unrecorded = tl.info.get("preemptions_not_in_steps", 0)
     assert cols["preemptions"].sum() == steps["preempted"].sum() + unrecorded
-    assert unrecorded == 0 or decode_cfg.horizon is not None
+    gave_up = (tl.reason == "client_timeout").any()
+    assert unrecorded == 0 or decode_cfg.horizon is not None or gave_up
     crossed = cols["prefill_replica"] >= 0
     moved = np.isfinite(cols["kv_transfer_end"])
     assert not (moved & ~crossed).any(), "only disaggregated requests move KV"
@@ -198,11 +202,12 @@ def check_pools(tl, prefill_cfg, decode_cfg, prefill):
     dispatcher=st.sampled_from(
         ["least_requests", "round_robin", "least_tokens", "scored", "stale"]
     ),
+    gives_up=st.sampled_from([None, None, (0.2, 1.0, np.inf)]),  # clients' timeouts, cycled
 )
 # found by this search: a decode run's one step spanning an arrival took its blocks only at
 # its end, so the decider read a prefix cache stepping one by one had already evicted from
 @example(384, 1, 1, "cache_miss_above", False, "per_pool", (4000, 1200), None, FCFS, "none",
-         "least_requests")  # fmt: skip
+         "least_requests", None)  # fmt: skip
 def test_every_request_and_block_is_accounted_for_across_the_pools(
     seed,
     prefill,
@@ -215,11 +220,14 @@ def test_every_request_and_block_is_accounted_for_across_the_pools(
     make_policy,
     cpu_tier,
     dispatcher,
+    gives_up,
 ):
     if counters == "shared" and make_policy is FCFS:
         counters = "per_pool"
     tr = random_trace(seed=seed, n=80, clients=3, max_prompt=300, max_output=60, rate=30.0)
     tr = with_shared_prefixes(tr, seed)  # prefix caches, and CPU-tier loads, on both pools
+    if gives_up is not None:  # waiting, prefilling, handed off, moving or decoding
+        tr = dataclasses.replace(tr, client_timeout=np.resize(np.array(gives_up), len(tr)))
     tier = {} if cpu_tier == "none" else {"cpu_kv_tokens": 640, "preemption_mode": cpu_tier}
     base = VLLMConfig(
         max_num_batched_tokens=256,

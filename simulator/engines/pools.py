@@ -30,6 +30,10 @@ class Fleet(Host, Protocol):
     env: simpy.Environment
     cuts_runs: bool  # runs of decode steps go on past arrivals, cut where something reaches
 
+    def deadline(self, req: int) -> float:
+        """When the client of `req` gives up (inf: never)."""
+        ...
+
     def accept(self, replica: int, req: int, now: float) -> None:
         """An arrival reaches `replica`: refused, rejected by its policy, or queued."""
         ...
@@ -182,6 +186,10 @@ class DisaggregatedPools:
             j = int(self.decode_of[r])
             rep = runner.replicas[j]
             assert isinstance(rep, VLLMReplica)
+            gone = runner.deadline(r)  # when its client gives up (inf: never)
+            if gone <= now:
+                runner.timed_out(j, r, now)  # its blocks there are freed as it ends
+                continue
             # a pool's own policy sees the request arrive; one shared policy saw it already
             # (a lift now would raise a backlogged client's counter without service)
             rejection = None if shared else rep.policy.on_arrival(r, now, rep.queue)
@@ -191,6 +199,8 @@ class DisaggregatedPools:
             rep.req.remote.add(r)
             runner.state.reason[r] = "queued"
             rep.queue.push(r)
+            if gone < np.inf:
+                rep.watch_timeout(r, gone)
             runner.queued(j, now)
 
     def fetch(self, replica: int, req: int, tokens: int, now: float) -> None:

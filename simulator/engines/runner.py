@@ -38,7 +38,6 @@ import simpy
 from simpy.events import EventPriority
 
 from cost_models.base import StepCostModel
-from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import CLIENT_TIMEOUT, IN_FLIGHT, REFUSED, REJECTED, RequestState
 from simulator.core.seam import CounterPolicy, Finished, Policy
@@ -102,18 +101,11 @@ STEP_END = 2  # priority of replica i's step end: STEP_END + i (SimPy's NORMAL e
 ABORTED = "aborted"  # the reason of a request whose client went away (live mode)
 
 
-def client_timeouts(trace: Trace, disaggregated: bool) -> np.ndarray | None:
-    """The trace's client timeouts (None: no client ever gives up), where the replicas can
-    drop a request whose client gave up: not across disaggregated pools."""
+def client_timeouts(trace: Trace) -> np.ndarray | None:
+    """The trace's client timeouts (None: no client ever gives up)."""
     timeouts = trace.client_timeout
     if timeouts is None or not np.isfinite(timeouts).any():
         return None
-    if disaggregated:
-        raise ConfigError(
-            f"{trace.source}: its requests have client timeouts (`client_timeout`, or the "
-            "workload's own), which fairsim models on co-located replicas, not across "
-            "disaggregated pools (cluster.prefill_replicas > 0)"
-        )
     return timeouts
 
 
@@ -146,7 +138,7 @@ class Runner:
         self.dispatcher.check(policy)
         self.dispatcher.see_trace(trace)
         n, shared = cluster.fleet_size, self.dispatcher.shared
-        self.timeouts = client_timeouts(trace, cluster.disaggregated)
+        self.timeouts = client_timeouts(trace)
         # prefill and decode pools (simulator/engines/pools.py) instead of co-located replicas
         self.pools = (
             DisaggregatedPools(self, cluster, policy, engine, cost)
@@ -170,7 +162,7 @@ class Runner:
         # the gateway in front (simulator/engines/gateway.py), when it decides anything
         gateway = cluster.gateway
         self.gateway = (
-            Gateway(gateway, trace, self.state.client_of, self._deadline)
+            Gateway(gateway, trace, self.state.client_of, self.deadline)
             if gateway is not None and gateway.active
             else None
         )
@@ -312,7 +304,7 @@ class Runner:
         if self.coupled:
             self.queued(replica, now)
 
-    def _deadline(self, req: int) -> float:
+    def deadline(self, req: int) -> float:
         """When the client of `req` gives up (inf: never), counted from its send."""
         if self.timeouts is None:
             return np.inf
@@ -321,7 +313,7 @@ class Runner:
     def _watch_timeout(self, replica: int, req: int, now: float) -> bool:
         """The replica (every replica, where they share one queue) that may hold `req` drops it
         when its client gives up; False: the client already has (the request ends here)."""
-        deadline = self._deadline(req)
+        deadline = self.deadline(req)
         if deadline == np.inf:
             return True
         if deadline <= now:

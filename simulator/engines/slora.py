@@ -254,13 +254,13 @@ class SLoRAReplica:
 
     def _drop_timed_out(self, until: float) -> None:
         """Before the next step (`until`: now), or when the run stops at its horizon (`until`:
-        the horizon): each request here whose client gave up by `until` leaves the queue
-        (ending when its client gave up) or the running batch (ending at `until`)."""
+        the horizon): each request here whose client gave up by `until` leaves the queue or
+        the running batch, ending at `until`."""
         queue = self.queue
-        for deadline, req in clients_gone(self.deadlines, self.state.status, until):
+        for _, req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
-                self.host.timed_out(self.index, req, deadline)
+                self.host.timed_out(self.index, req, until)
             elif np.any(self.running == req):
                 self._stop(req)
                 self.host.timed_out(self.index, req, until)

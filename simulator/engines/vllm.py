@@ -293,6 +293,7 @@ class VLLMReplica:
         self.parked: set[int] = set()  # handed off, blocks held until their transfer ends
         self.receiving: set[int] = set()  # admitted, blocks held, their KV still on the link
         self.received: list[int] = []  # KV arrived: they join the running batch next step
+        self.gave_up_receiving: set[int] = set()  # their clients left while their KV moved
         self.unrecorded_preemptions = 0  # made in a step that then had nothing to run
         self.runs_cut = False  # the runner cuts its runs where something reaches it (`cut_run`)
 
@@ -370,21 +371,23 @@ class VLLMReplica:
     def _drop_timed_out(self, until: float) -> None:
         """As vLLM drops a request whose client disconnected, before its next step (`until`:
         now), or when the run stops at its horizon (`until`: the horizon): each request here
-        whose client gave up by `until` leaves the queue (ending when its client gave up) or
-        the running batch (ending at `until`, its blocks freed; the tokens it emitted stay
-        emitted). One whose KV is still loading from the CPU tier waits until it has joined
-        the batch."""
+        whose client gave up by `until` leaves the queue or the running batch, ending at
+        `until` (its blocks freed; the tokens it emitted stay emitted). One whose KV is still
+        on its way (loading from the CPU tier, or moving from a prefill replica) is dropped
+        once it has joined the batch."""
         queue, loading = self.queue, []
-        for deadline, req in clients_gone(self.deadlines, self.state.status, until):
+        for _, req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
                 self.forget_waiting(req)
-                self.host.timed_out(self.index, req, deadline)
+                self.host.timed_out(self.index, req, until)
             elif req in self.running:
                 self._leave(req, self.running.index(req))
                 self.host.timed_out(self.index, req, until)
             elif any(r == req for _, r in self.loading):
                 loading.append((max(t for t, r in self.loading if r == req), req))
+            elif req in self.receiving:  # dropped once its KV has arrived (`kv_arrived`)
+                self.gave_up_receiving.add(req)
         for entry in loading:
             heapq.heappush(self.deadlines, entry)
 
@@ -421,7 +424,8 @@ class VLLMReplica:
             out["cpu_kv_bytes_offloaded"] = self.pool.cpu.stored * block
             out["cpu_kv_bytes_loaded"] = self.bytes_loaded
             out["cpu_kv_bytes_swapped_out"] = self.bytes_swapped_out
-        # preemptions no step recorded: made with nothing left to run, the horizon came first
+        # preemptions no step recorded: made with nothing left to run (the horizon came first,
+        # or the clients of the requests left gave up)
         if self.unrecorded_preemptions:
             out["preemptions_not_in_steps"] = self.unrecorded_preemptions
         return out
@@ -714,7 +718,8 @@ class VLLMReplica:
 
     def kv_arrived(self, req: int) -> None:
         """The transfer of `req`'s KV ended: its prompt blocks enter this prefix cache and it
-        joins the running batch at the next step."""
+        joins the running batch at the next step (which drops it at once if its client gave
+        up meanwhile)."""
         self.receiving.discard(req)
         self.pool.register(req, self.keys(req), self._prompt[req])
         self.received.append(req)
@@ -726,6 +731,9 @@ class VLLMReplica:
         prompt."""
         computed, gen, tokens = self.req.computed, self.state.generated, self.host.tokens
         for r in self.received:
+            if r in self.gave_up_receiving:  # its client left while its KV moved: drop it now
+                self.gave_up_receiving.discard(r)
+                heapq.heappush(self.deadlines, (self.now, r))
             self.running.append(r)
             if gen[r] and computed[r] >= self._prompt[r] + gen[r] - 1:
                 tokens.open(r, gen[r], self.index, len(self.steps))
