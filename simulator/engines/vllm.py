@@ -293,7 +293,7 @@ class VLLMReplica:
         self.parked: set[int] = set()  # handed off, blocks held until their transfer ends
         self.receiving: set[int] = set()  # admitted, blocks held, their KV still on the link
         self.received: list[int] = []  # KV arrived: they join the running batch next step
-        self.gave_up_receiving: set[int] = set()  # their clients left while their KV moved
+        self.gave_up_in_transit: set[int] = set()  # clients left while the KV was on its way
         self.unrecorded_preemptions = 0  # made in a step that then had nothing to run
         self.runs_cut = False  # the runner cuts its runs where something reaches it (`cut_run`)
 
@@ -375,7 +375,7 @@ class VLLMReplica:
         `until` (its blocks freed; the tokens it emitted stay emitted). One whose KV is still
         on its way (loading from the CPU tier, or moving from a prefill replica) is dropped
         once it has joined the batch."""
-        queue, loading = self.queue, []
+        queue = self.queue
         for _, req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
@@ -384,12 +384,8 @@ class VLLMReplica:
             elif req in self.running:
                 self._leave(req, self.running.index(req))
                 self.host.timed_out(self.index, req, until)
-            elif any(r == req for _, r in self.loading):
-                loading.append((max(t for t, r in self.loading if r == req), req))
-            elif req in self.receiving:  # dropped once its KV has arrived (`kv_arrived`)
-                self.gave_up_receiving.add(req)
-        for entry in loading:
-            heapq.heappush(self.deadlines, entry)
+            elif req in self.receiving or any(r == req for _, r in self.loading):
+                self.gave_up_in_transit.add(req)  # dropped as it joins (`_join_received`)
 
     def token_times(self, req: int, start: int) -> list[float]:
         """Times of the tokens `req` has emitted so far, from index `start` on: each run of
@@ -731,8 +727,8 @@ class VLLMReplica:
         prompt."""
         computed, gen, tokens = self.req.computed, self.state.generated, self.host.tokens
         for r in self.received:
-            if r in self.gave_up_receiving:  # its client left while its KV moved: drop it now
-                self.gave_up_receiving.discard(r)
+            if r in self.gave_up_in_transit:  # its client left while its KV moved: drop it now
+                self.gave_up_in_transit.discard(r)
                 heapq.heappush(self.deadlines, (self.now, r))
             self.running.append(r)
             if gen[r] and computed[r] >= self._prompt[r] + gen[r] - 1:
