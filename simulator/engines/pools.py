@@ -30,8 +30,11 @@ class Fleet(Host, Protocol):
     env: simpy.Environment
     cuts_runs: bool  # runs of decode steps go on past arrivals, cut where something reaches
 
-    def deadline(self, req: int) -> float:
-        """When the client of `req` gives up (inf: never)."""
+    timeouts: np.ndarray | None  # per request, when its client gives up after sending it
+
+    def watch_timeout(self, replica: int, req: int, now: float) -> bool:
+        """`req` joins `replica`'s queue, which drops it when its client gives up; False: the
+        client already has (the request ended)."""
         ...
 
     def accept(self, replica: int, req: int, now: float) -> None:
@@ -186,21 +189,17 @@ class DisaggregatedPools:
             j = int(self.decode_of[r])
             rep = runner.replicas[j]
             assert isinstance(rep, VLLMReplica)
-            gone = runner.deadline(r)  # when its client gives up (inf: never)
-            if gone <= now:
-                runner.timed_out(j, r, now)  # its blocks there are freed as it ends
-                continue
             # a pool's own policy sees the request arrive; one shared policy saw it already
             # (a lift now would raise a backlogged client's counter without service)
             rejection = None if shared else rep.policy.on_arrival(r, now, rep.queue)
             if rejection is not None:
                 runner.reject(r, now, rejection)  # its blocks there are freed as it ends
                 continue
+            if runner.timeouts is not None and not runner.watch_timeout(j, r, now):
+                continue  # its client has gone (its blocks there are freed as it ends)
             rep.req.remote.add(r)
             runner.state.reason[r] = "queued"
             rep.queue.push(r)
-            if gone < np.inf:
-                rep.watch_timeout(r, gone)
             runner.queued(j, now)
 
     def fetch(self, replica: int, req: int, tokens: int, now: float) -> None:

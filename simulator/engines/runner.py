@@ -101,14 +101,6 @@ STEP_END = 2  # priority of replica i's step end: STEP_END + i (SimPy's NORMAL e
 ABORTED = "aborted"  # the reason of a request whose client went away (live mode)
 
 
-def client_timeouts(trace: Trace) -> np.ndarray | None:
-    """The trace's client timeouts (None: no client ever gives up)."""
-    timeouts = trace.client_timeout
-    if timeouts is None or not np.isfinite(timeouts).any():
-        return None
-    return timeouts
-
-
 class Runner:
     """One run: the trace's requests through `cluster.replicas` replicas of `engine` under
     `policy` (a copy per replica unless the dispatcher shares one queue), to a `Timeline`.
@@ -138,7 +130,8 @@ class Runner:
         self.dispatcher.check(policy)
         self.dispatcher.see_trace(trace)
         n, shared = cluster.fleet_size, self.dispatcher.shared
-        self.timeouts = client_timeouts(trace)
+        timeouts = trace.client_timeout  # None: no client ever gives up
+        self.timeouts = None if timeouts is None or np.isinf(timeouts).all() else timeouts
         # prefill and decode pools (simulator/engines/pools.py) instead of co-located replicas
         self.pools = (
             DisaggregatedPools(self, cluster, policy, engine, cost)
@@ -297,7 +290,7 @@ class Runner:
         if rejection is not None:
             self._end(req, now, REJECTED, rejection)
             return
-        if self.timeouts is not None and not self._watch_timeout(replica, req, now):
+        if self.timeouts is not None and not self.watch_timeout(replica, req, now):
             return
         state.reason[req] = "queued"
         queue.push(req)
@@ -310,9 +303,10 @@ class Runner:
             return np.inf
         return float(self.state.arrival[req] + self.timeouts[req])
 
-    def _watch_timeout(self, replica: int, req: int, now: float) -> bool:
-        """The replica (every replica, where they share one queue) that may hold `req` drops it
-        when its client gives up; False: the client already has (the request ends here)."""
+    def watch_timeout(self, replica: int, req: int, now: float) -> bool:
+        """`req` joins `replica`'s queue: that replica (every replica, where they share one
+        queue) drops it when its client gives up; False: the client already has (the request
+        ends here)."""
         deadline = self.deadline(req)
         if deadline == np.inf:
             return True
