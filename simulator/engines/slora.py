@@ -257,7 +257,7 @@ class SLoRAReplica:
         the horizon): each request here whose client gave up by `until` leaves the queue or
         the running batch, ending at `until`."""
         queue = self.queue
-        for _, req in clients_gone(self.deadlines, self.state.status, until):
+        for req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
                 self.host.timed_out(self.index, req, until)

@@ -135,15 +135,13 @@ def decode_step_ends(
 Deadlines = list[tuple[float, int]]  # (when its client gives up, request): a heap
 
 
-def clients_gone(
-    deadlines: Deadlines, status: np.ndarray, until: float
-) -> Iterator[tuple[float, int]]:
+def clients_gone(deadlines: Deadlines, status: np.ndarray, until: float) -> Iterator[int]:
     """Take off `deadlines`, in time order, each request whose client gave up by `until`, and
-    yield (when, request) for those still in flight (the others ended before)."""
+    yield those still in flight (the others ended before)."""
     while deadlines and deadlines[0][0] <= until:
-        deadline, req = heapq.heappop(deadlines)
+        req = heapq.heappop(deadlines)[1]
         if status[req] == IN_FLIGHT:
-            yield deadline, req
+            yield req
 
 
 def next_deadline(deadlines: Deadlines, status: np.ndarray) -> float:

@@ -376,7 +376,7 @@ class VLLMReplica:
         on its way (loading from the CPU tier, or moving from a prefill replica) is dropped
         once it has joined the batch."""
         queue = self.queue
-        for _, req in clients_gone(self.deadlines, self.state.status, until):
+        for req in clients_gone(self.deadlines, self.state.status, until):
             if req in queue:
                 queue.remove(req)
                 self.forget_waiting(req)
