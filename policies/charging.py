@@ -147,11 +147,13 @@ class TokenCharges:
             out[c] = out.get(c, 0.0) + inc / self.weight[c]
         return list(out.items())
 
-    def refund(self, req: int) -> float:
-        """At finish: minus the over-prediction h(n_p, predicted) - h(n_p, actual), if any."""
+    def refund(self, req: int, served: int | None = None) -> float:
+        """At finish: minus the over-prediction h(n_p, predicted) - h(n_p, actual), if any;
+        `served`: the tokens a request that left early emitted, in place of its output length."""
         if self.predicted is None:
             return 0.0
-        actual, predicted = float(self.trace.output_len[req]), float(self.predicted[req])
+        actual = float(self.trace.output_len[req] if served is None else served)
+        predicted = float(self.predicted[req])
         if actual >= predicted:
             return 0.0
         p = self.prompt[req]

@@ -40,10 +40,10 @@ from simulator.core.counters import ADMIT, COMPLETE, DECODE, PROMPT
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
 from simulator.core.seam import (
-    ALL_CHARGES,
     Admission,
     Charge,
     Drop,
+    Finished,
     OutputTokens,
     PromptTokens,
     Verdict,
@@ -84,7 +84,8 @@ def token_parts(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 class FairServe(LeastServed):
     name = "fairserve"
-    charged = ALL_CHARGES
+    # charged as served, nothing ahead: a request that leaves early has nothing to settle
+    charged = frozenset({PromptTokens, OutputTokens, Finished})
 
     def __init__(
         self,

@@ -33,7 +33,15 @@ from policies.charging import TokenCharges, client_weights, sequential_sum
 from simulator.core.counters import ADMIT, DECODE, FINISH_EXTRA, LIFT, PROMPT, REFUND, CounterLog
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.seam import ALL_CHARGES, Admission, Charge, OutputTokens, PromptTokens, Verdict
+from simulator.core.seam import (
+    ALL_CHARGES,
+    Admission,
+    Charge,
+    Left,
+    OutputTokens,
+    PromptTokens,
+    Verdict,
+)
 from simulator.core.service import make_service
 from traces.schema import Trace
 
@@ -207,6 +215,8 @@ class VTC(LeastServed):
         elif isinstance(event, PromptTokens):
             c = int(self.trace.client[event.req])
             self._charge(c, self.charges.prompt_tokens(event.req, event.tokens), event.now, PROMPT)
+        elif isinstance(event, Left):
+            self._left(event.req, event.now, event.generated)
         else:
             self._finished(event.req, event.now)
 
@@ -236,6 +246,16 @@ class VTC(LeastServed):
             self.mean_output[c] = actual if old == 0 else (4.0 * old + actual) / 5.0
         if self.counting == "artifact":
             self._charge_batch_again(req, now)
+
+    def _left(self, req: int, now: float, generated: int) -> None:
+        """A request that left early gives back the predicted output it never emitted (its
+        true length stays unknown: the moving average does not learn from it)."""
+        self._admitted_with.pop(req, None)
+        if not self.charges.admitted(req):
+            return
+        refund = self.charges.refund(req, generated)
+        if refund:
+            self._charge(int(self.trace.client[req]), refund, now, REFUND)
 
     def _charge_batch_again(self, req: int, now: float) -> None:
         """The artifact router updates the counters again after a step in which a request

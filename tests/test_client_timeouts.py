@@ -334,3 +334,60 @@ def test_a_request_swapped_out_to_the_cpu_tier_frees_it_when_its_client_gives_up
     check_invariants(tl, cfg)
     assert tl.request_columns["swap_ins"].sum() > 0, "requests were swapped out and back"
     assert (tl.reason == "client_timeout").sum() > 0
+
+
+# ---- what a policy charged ahead of service ------------------------------------------------
+@pytest.mark.parametrize(
+    "engine", [VLLMConfig(pool_tokens=10_000), SLoRAConfig(pool_tokens=10_000)], ids=str
+)
+def test_a_predicted_output_charge_is_refunded_for_the_tokens_an_abandoned_request_never_emitted(
+    engine,
+):
+    """VTC with an oracle prediction (the VTC paper's VTC(predict) with a perfect predictor)
+    charges a request's whole output when it is admitted and refunds any over-prediction at its
+    finish. B's client gives up after a few tokens: B's client pays for what B emitted, as if
+    its output had been that long (input price 1, output price 2), not for 100 tokens."""
+    trace = Trace.from_columns(
+        client=["a", "b"],
+        arrival=[0.0, 0.0],
+        prompt_len=[10, 10],
+        output_len=[100, 100],
+        client_timeout=[np.inf, 0.155],
+    )
+    vtc = VTC(prediction="oracle")
+    tl = simulate(trace, vtc, CONST, engine)
+    assert tl.reason[1] == "client_timeout" and 0 < tl.generated[1] < 100
+    assert vtc.counter.tolist() == [10 + 2 * 100, 10 + 2 * int(tl.generated[1])]
+    # the refund is the last entry of B's client in the counter's log
+    log = vtc.counter_events()
+    last_b = log[log.client == "b"].iloc[-1]
+    assert last_b.cause == "refund" and last_b.delta == -2 * (100 - int(tl.generated[1]))
+
+
+def test_gateway_vtc_with_a_prediction_charges_abandoned_requests_only_the_tokens_they_emitted():
+    """Flow control's VTC charges a dispatched request's prompt and its predicted output
+    ahead. Every client here gives up before its request's 50 tokens are out (0.3 s; a prefill
+    step takes 0.1 s and a decode step 0.01 s): each tenant's counter ends at what its
+    dispatched requests were served, prompt x 1 + tokens emitted x 2 (no lift: plain sums)."""
+    from test_gateway import clients_trace, flow
+
+    from simulator.engines.runner import Runner
+    from traces import ClientTimeout
+
+    trace = ClientTimeout(0.3).apply(
+        clients_trace({"heavy": 30.0, "light": 12.0}, duration=20.0, burst=5)
+    )
+    gateway = flow(VTC(prediction="oracle", lift="none"), fairness="vtc")
+    cluster = ClusterConfig(2, "least_requests", gateway=gateway)
+    runner = Runner(trace, FCFS(), CONST, VLLMConfig(pool_tokens=4000, max_num_seqs=16), cluster)
+    tl = runner.close()
+    check_accounting(tl)
+    dispatched = ~np.isnan(tl.request_columns["gateway_dispatched_at"])
+    assert (tl.reason == "client_timeout").all()
+    assert (tl.generated[dispatched] > 0).sum() > 50, "many left mid-stream"
+    assert runner.gateway is not None
+    (band,) = runner.gateway.bands.values()
+    served = trace.prompt_len + 2 * tl.generated
+    for c in range(trace.num_clients):
+        mine = dispatched & (trace.client == c)
+        assert band.policy.counter[c] == served[mine].sum()

@@ -14,7 +14,9 @@ answers a few questions. For every request, on the replica that serves it:
 4. `charge(event)`: service as it is done: `PromptTokens` (prompt tokens computed; an engine
    without chunked prefill reports the whole prompt at admission; cache hits are free),
    `OutputTokens` (one token per listed request per step, several steps at once under
-   fast-forward: a policy must end in the same state either way), `Finished`.
+   fast-forward: a policy must end in the same state either way), `Finished`, and `Left` for
+   a request that ends without its last token (its client gave up or went away) once it was
+   admitted: a policy that charged ahead (a predicted output) settles for what was served.
 5. `victim(running)`: which running request a preempting engine evicts.
 
 plus `bind(trace)` before the run. A policy declares which charge events it uses (`charged`),
@@ -101,9 +103,20 @@ class Finished:
     now: float
 
 
-Charge = PromptTokens | OutputTokens | Finished
+@dataclass(frozen=True, slots=True)
+class Left:
+    """`req` ended at `now` without its last token, after it was admitted (its client gave up
+    or went away), having emitted `generated` tokens: what it was charged ahead of service
+    (a predicted output) was never served."""
+
+    req: int
+    now: float
+    generated: int
+
+
+Charge = PromptTokens | OutputTokens | Finished | Left
 NO_CHARGES: frozenset[type] = frozenset()
-ALL_CHARGES: frozenset[type] = frozenset({PromptTokens, OutputTokens, Finished})
+ALL_CHARGES: frozenset[type] = frozenset({PromptTokens, OutputTokens, Finished, Left})
 
 
 class Policy(Protocol):

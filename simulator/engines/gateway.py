@@ -52,6 +52,7 @@ from simulator.core.seam import (
     CounterPolicy,
     Drop,
     Finished,
+    Left,
     OutputTokens,
     Policy,
     PromptTokens,
@@ -430,16 +431,19 @@ class Gateway:
         self.bands[int(self.priority[req])].queue.remove(req)
         self.queued -= 1
 
-    def ended(self, req: int, now: float, generated: int) -> None:
-        """A dispatched request ended: its output passed the gateway (charged now)."""
+    def ended(self, req: int, now: float, generated: int, completed: bool) -> None:
+        """A dispatched request ended (`completed`: with its last token): its output passed
+        the gateway (charged now)."""
         if not self.flow.enabled or math.isnan(self.dispatched_at[req]):
             return
         policy = self.bands[int(self.priority[req])].policy
         if OutputTokens in policy.charged and generated > 0:  # every token passed the gateway
             client = np.array([self.client_of[req]])
             policy.charge(OutputTokens(np.array([req]), client, np.full(generated, now)))
-        if Finished in policy.charged:
+        if completed and Finished in policy.charged:
             policy.charge(Finished(req, now))
+        elif not completed and Left in policy.charged:
+            policy.charge(Left(req, now, generated))
 
     def request_columns(self) -> dict[str, np.ndarray]:
         return {"gateway_dispatched_at": self.dispatched_at} if self.flow.enabled else {}

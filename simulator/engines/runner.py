@@ -40,7 +40,7 @@ from simpy.events import EventPriority
 from cost_models.base import StepCostModel
 from simulator.core.queue import WaitingQueue
 from simulator.core.requests import CLIENT_TIMEOUT, IN_FLIGHT, REFUSED, REJECTED, RequestState
-from simulator.core.seam import CounterPolicy, Finished, Policy
+from simulator.core.seam import CounterPolicy, Finished, Left, Policy
 from simulator.core.timeline import SpillPlan, Timeline, TokenRuns
 from simulator.engines.arrivals import Arrivals, chains, first_arrivals
 from simulator.engines.assemble import ReplicaPart, assemble_timeline, counter_frame, counter_logs
@@ -338,8 +338,13 @@ class Runner:
 
     # ---- endings ----------------------------------------------------------------------------
     def _end(self, req: int, now: float, status: int, reason: str) -> None:
-        self.state.end(req, status, reason)
-        self._released(req, now)
+        state = self.state
+        state.end(req, status, reason)
+        if state.admitted_at[req] == state.admitted_at[req]:  # (not NaN) it was admitted
+            policy = self.replicas[int(state.replica[req])].policy
+            if Left in policy.charged:
+                policy.charge(Left(req, now, int(state.generated[req])))
+        self._released(req, now, completed=False)
 
     def reject(self, req: int, now: float, reason: str) -> None:
         self._end(req, now, REJECTED, reason)
@@ -352,13 +357,13 @@ class Runner:
                 policy.charge(Finished(r, now))
         if self.dispatcher.tracks_load or self.successor or self._hears_ends:
             for r in rows:
-                self._released(r, now)
+                self._released(r, now, completed=True)
 
-    def _released(self, req: int, now: float) -> None:
-        """`req` ended: it no longer loads its replica, and a chained successor is sent after
-        its think time."""
+    def _released(self, req: int, now: float, completed: bool) -> None:
+        """`req` ended (`completed`: with its last token): it no longer loads its replica, and
+        a chained successor is sent after its think time."""
         if self.gateway is not None:
-            self.gateway.ended(req, now, int(self.state.generated[req]))
+            self.gateway.ended(req, now, int(self.state.generated[req]), completed)
         if self.fleet is not None and self.state.replica[req] >= 0:
             self.routed_to[int(self.state.replica[req])].discard(req)
         if self.pools is not None:

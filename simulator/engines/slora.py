@@ -270,6 +270,7 @@ class SLoRAReplica:
         freed; the tokens it emitted stay emitted."""
         emitted = min(self.decodes - int(self.first_decode[req]) + 1, self._output[req])
         self.stopped_at[req] = emitted
+        self.state.generated[req] = emitted  # (the others' counts are written at `close`)
         table = self._run_table
         self._set_running(table.compress(table[0] != req, axis=1))
         self._leave(req, self._prompt[req] + emitted - 1)
