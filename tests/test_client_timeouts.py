@@ -27,16 +27,21 @@ from traces import InferencePerfWorkload, Trace, TraceError
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
 
 
-def two_requests(timeout_b: float, **engine: object) -> tuple[Trace, object]:
+def two_clients(timeout_b: float) -> Trace:
     """A runs 100 tokens with no timeout; B arrives with it, its client giving up after
     `timeout_b` seconds."""
-    trace = Trace.from_columns(
+    return Trace.from_columns(
         client=["a", "b"],
         arrival=[0.0, 0.0],
         prompt_len=[10, 10],
         output_len=[100, 100],
         client_timeout=[np.inf, timeout_b],
     )
+
+
+def two_requests(timeout_b: float, **engine: object) -> tuple[Trace, object]:
+    """`two_clients` on the vLLM-style engine under FCFS."""
+    trace = two_clients(timeout_b)
     return trace, simulate(trace, FCFS(), CONST, VLLMConfig(pool_tokens=10_000, **engine))
 
 
@@ -161,13 +166,7 @@ def test_the_slora_router_drops_the_same_requests_stepping_or_taking_runs(
 def test_the_slora_router_drops_a_running_request_before_its_next_step():
     # the router prefills both in one step (0.1 s), then decodes every 0.01 s: B's client
     # leaves at 0.155, inside the step 0.15 -> 0.16, and B is gone from the step after it
-    trace = Trace.from_columns(
-        client=["a", "b"],
-        arrival=[0.0, 0.0],
-        prompt_len=[10, 10],
-        output_len=[100, 100],
-        client_timeout=[np.inf, 0.155],
-    )
+    trace = two_clients(0.155)
     tl = simulate(trace, FCFS(), CONST, SLoRAConfig(pool_tokens=10_000))
     assert tl.status.tolist() == [COMPLETED, REJECTED] and tl.reason[1] == "client_timeout"
     assert tl.generated[1] == 7  # tokens at 0.10, 0.11, ..., 0.16
@@ -347,13 +346,7 @@ def test_a_predicted_output_charge_is_refunded_for_the_tokens_an_abandoned_reque
     charges a request's whole output when it is admitted and refunds any over-prediction at its
     finish. B's client gives up after a few tokens: B's client pays for what B emitted, as if
     its output had been that long (input price 1, output price 2), not for 100 tokens."""
-    trace = Trace.from_columns(
-        client=["a", "b"],
-        arrival=[0.0, 0.0],
-        prompt_len=[10, 10],
-        output_len=[100, 100],
-        client_timeout=[np.inf, 0.155],
-    )
+    trace = two_clients(0.155)
     vtc = VTC(prediction="oracle")
     tl = simulate(trace, vtc, CONST, engine)
     assert tl.reason[1] == "client_timeout" and 0 < tl.generated[1] < 100
