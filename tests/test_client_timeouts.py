@@ -384,3 +384,21 @@ def test_gateway_vtc_with_a_prediction_charges_abandoned_requests_only_the_token
     for c in range(trace.num_clients):
         mine = dispatched & (trace.client == c)
         assert band.policy.counter[c] == served[mine].sum()
+
+
+def test_latency_statistics_leave_out_requests_whose_clients_gave_up_mid_stream():
+    """B's client gives up after 7 tokens: B has no end-to-end latency (benchmark clients count
+    it as failed), so its client's latency statistics are empty and the run's are A's alone;
+    B's 7 tokens still count as output."""
+    from simulator.metrics.latency import latency_summary
+
+    _, tl = two_requests(0.155)
+    table = latency_summary(tl.requests_frame(), tl.tokens_frame())
+    b, a, everyone = table["b"], table["a"], table["all"]
+    assert b["requests"] == 1 and b["completed"] == 0 and b["output_tokens"] == 7
+    assert np.isnan(b["e2e"]["mean"]) and np.isnan(b["ttft"]["mean"])
+    assert np.isnan(b["tbt"]["mean"])
+    assert a["e2e"]["mean"] == pytest.approx(0.1 + 99 * 0.01)  # A's last token, arrival 0
+    for metric in ("ttft", "tpot", "e2e", "tbt"):
+        assert everyone[metric] == a[metric], metric
+    assert everyone["output_tokens"] == 107

@@ -224,28 +224,37 @@ def latency_table(
 ) -> dict[str, dict]:
     """`latency_summary` from `per_request_latency` and the `percentiles` of the pooled gaps
     of the requests a mask over `requests` selects (a run scored in blocks pools them from its
-    token clock: simulator/metrics/pooled.py)."""
+    token clock: simulator/metrics/pooled.py). The latencies leave out rejected requests that
+    emitted tokens (their clients gave up or went away mid-stream: their stream has no end,
+    and benchmark clients count them as failed, not as latencies); their tokens still count."""
     request_client = requests["client"].astype(str).to_numpy()
     names = sorted({str(c) for c in pd.unique(request_client)}, key=_natural)
     code = {name: i for i, name in enumerate(names)}
     request_code = np.array([code[c] for c in request_client], dtype=np.int32)
-    lat_code = request_code[pd.Index(requests["request_id"]).get_indexer(lat.index)]
-    completed = (requests["status"] == "completed").to_numpy()
+    row_of = pd.Index(requests["request_id"]).get_indexer(lat.index)
+    lat_code = request_code[row_of]
+    status = requests["status"].to_numpy()
+    completed = status == "completed"
+    kept = status != "rejected"
+    lat_kept = kept[row_of]
+    tokens = lat.tokens.to_numpy()
+    ttft, tpot, e2e = (lat[k].to_numpy() for k in ("ttft", "tpot", "e2e"))
     out: dict[str, dict] = {}
     for name in [*names, "all"]:
         if name == "all":
-            mine, sel = np.ones(len(requests), dtype=bool), slice(None)
+            mine, counted = np.ones(len(requests), dtype=bool), np.ones(len(lat), dtype=bool)
         else:
             c = code[name]
-            mine, sel = request_code == c, lat_code == c
+            mine, counted = request_code == c, lat_code == c
+        sel = counted & lat_kept
         out[name] = {
             "requests": int(mine.sum()),
             "completed": int(completed[mine].sum()),
-            "output_tokens": int(lat.tokens.to_numpy()[sel].sum()),
-            "ttft": percentiles(lat.ttft.to_numpy()[sel]),
-            "tpot": percentiles(lat.tpot.to_numpy()[sel]),
-            "e2e": percentiles(lat.e2e.to_numpy()[sel]),
-            "tbt": tbt_of(mine),
+            "output_tokens": int(tokens[counted].sum()),
+            "ttft": percentiles(ttft[sel]),
+            "tpot": percentiles(tpot[sel]),
+            "e2e": percentiles(e2e[sel]),
+            "tbt": tbt_of(mine & kept),
         }
     return out
 
