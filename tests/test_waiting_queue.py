@@ -37,6 +37,14 @@ def check_against_the_model(operations: list[tuple[str, int, int]]) -> None:
         assert queue.in_order(5) == order[:5]
         assert queue.oldest() == (order[0] if order else None)
         assert len(queue) == len(order)
+        lanes = {c: [r for r in order if CLIENT_OF[r] == c] for c in range(3)}
+        for c, lane in lanes.items():
+            assert queue.head(c) == (lane[0] if lane else None)
+            assert queue.has_waiting(c) == bool(lane)
+        assert queue.waiting_clients() == [c for c, lane in lanes.items() if lane]
+        assert queue.earliest_head([0, 2]) == next(
+            (r for r in order if CLIENT_OF[r] in (0, 2)), None
+        )
 
 
 @settings(max_examples=200, deadline=None)
@@ -51,3 +59,13 @@ def test_rebuilding_the_order_without_its_holes_changes_nothing(operations):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(queue_module, "MAX_HOLES", 2)  # rebuild after every few removals
         check_against_the_model(operations)
+
+
+def test_taking_out_a_request_that_is_not_waiting_is_an_error():
+    queue = WaitingQueue(CLIENT_OF)
+    queue.push(1)
+    queue.remove(1)
+    with pytest.raises(ValueError, match="request 1 is not waiting"):
+        queue.remove(1)
+    with pytest.raises(ValueError, match="request 4 is not waiting"):
+        queue.remove(4)
