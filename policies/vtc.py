@@ -181,6 +181,7 @@ class VTC(LeastServed):
         # artifact counting: the requests admitted together (one prefill), by request
         self._admitted_with: dict[int, list[int]] = {}
         self._admitting: tuple[float, list[int]] = (-1.0, [])
+        self._settled: set[int] = set()  # requests that left, their charges settled (`Left`)
 
     def on_arrival(self, req: int, now: float, queue: WaitingQueue) -> str | None:
         c = int(self.trace.client[req])
@@ -216,7 +217,7 @@ class VTC(LeastServed):
             c = int(self.trace.client[event.req])
             self._charge(c, self.charges.prompt_tokens(event.req, event.tokens), event.now, PROMPT)
         elif isinstance(event, Left):
-            self._left(event.req, event.now, event.generated)
+            self._left(event.req, event.now, event.served)
         else:
             self._finished(event.req, event.now)
 
@@ -247,13 +248,14 @@ class VTC(LeastServed):
         if self.counting == "artifact":
             self._charge_batch_again(req, now)
 
-    def _left(self, req: int, now: float, generated: int) -> None:
-        """A request that left early gives back the predicted output it never emitted (its
+    def _left(self, req: int, now: float, served: int) -> None:
+        """A request that left early gives back the predicted output not served here (its
         true length stays unknown: the moving average does not learn from it)."""
         self._admitted_with.pop(req, None)
-        if not self.charges.admitted(req):
+        if not self.charges.admitted(req) or req in self._settled:
             return
-        refund = self.charges.refund(req, generated)
+        self._settled.add(req)  # (a handed-off request whose client then gives up)
+        refund = self.charges.refund(req, served)
         if refund:
             self._charge(int(self.trace.client[req]), refund, now, REFUND)
 

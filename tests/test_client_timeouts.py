@@ -357,6 +357,24 @@ def test_a_predicted_output_charge_is_refunded_for_the_tokens_an_abandoned_reque
     assert last_b.cause == "refund" and last_b.delta == -2 * (100 - int(tl.generated[1]))
 
 
+def test_a_request_that_left_is_settled_once():
+    """A prefill replica's policy (counters per pool) settles a request when it hands it off;
+    if its client then gives up in the decode replica's queue, the runner tells the replica
+    it was routed to, that same policy, again: nothing more is refunded."""
+    from simulator.core.queue import WaitingQueue
+    from simulator.core.seam import Left
+
+    trace = two_clients(np.inf)
+    vtc = VTC(prediction="oracle", lift="none")
+    vtc.bind(trace)
+    vtc.on_arrival(1, 0.0, WaitingQueue(trace.client.tolist()))
+    vtc.admit(1, 0.0, True)
+    assert vtc.counter[1] == 2 * 100  # the predicted output, charged ahead
+    vtc.charge(Left(1, 0.1, 0))  # handed off: the decode pool charges the output
+    vtc.charge(Left(1, 0.5, 1))  # its client gave up later, in the decode queue
+    assert vtc.counter[1] == 0
+
+
 def test_gateway_vtc_with_a_prediction_charges_abandoned_requests_only_the_tokens_they_emitted():
     """Flow control's VTC charges a dispatched request's prompt and its predicted output
     ahead. Every client here gives up before its request's 50 tokens are out (0.3 s; a prefill

@@ -322,6 +322,40 @@ def test_per_pool_counters_log_each_replicas_charges():
     assert served(logs).equals(served(shared.counters))
 
 
+def test_per_pool_counters_charge_a_predicted_output_to_the_decode_pool_alone():
+    """VTC with an oracle prediction charges a request's whole output when it is admitted. A
+    prefill replica serves the prompt and hands the request off: under per-pool counters its
+    policy gives the prediction back then (the decode pool's policy charges the output), so
+    the two pools together charge what one shared set of counters does, and the prefill pool
+    keeps only the prompts (and the outputs of one-token requests, which end there)."""
+    tr = random_trace(seed=5, n=60, clients=2, max_prompt=200, max_output=30, rate=20.0)
+    cfg = VLLMConfig(pool_tokens=5000)
+    runs = {
+        counters: simulate(
+            tr,
+            VTC(prediction="oracle"),
+            a10g_cost(),
+            cfg,
+            pd(1, 1, counters=counters, kv_bytes_per_token=1),
+        )  # fmt: skip
+        for counters in ("per_pool", "shared")
+    }
+
+    def charged(log):
+        return log[log.cause != "lift"].groupby("client").delta.sum().sort_index()
+
+    per_pool = runs["per_pool"].counters
+    assert charged(per_pool).tolist() == pytest.approx(charged(runs["shared"].counters).tolist())
+    requests = runs["per_pool"].requests_frame()
+    ended_at_prefill = ((requests.replica == 0) & (requests.status == "completed")).to_numpy()
+    assert ended_at_prefill.sum() > 0 and (tr.output_len[ended_at_prefill] == 1).all()
+    prefill = per_pool[(per_pool.replica == 0) & (per_pool.cause != "lift")]
+    for c, name in enumerate(tr.client_names):
+        prompts = tr.prompt_len[(tr.client == c)].sum()
+        outputs = 2 * tr.output_len[(tr.client == c) & ended_at_prefill].sum()
+        assert prefill[prefill.client == name].delta.sum() == pytest.approx(prompts + outputs)
+
+
 class DropsAtDecode(VTC):
     """VTC that drops every third request the second time it is admitted (by the decode
     pool, one policy object shared by both pools): a decode replica's policy rejecting a

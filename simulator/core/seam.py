@@ -15,8 +15,9 @@ answers a few questions. For every request, on the replica that serves it:
    without chunked prefill reports the whole prompt at admission; cache hits are free),
    `OutputTokens` (one token per listed request per step, several steps at once under
    fast-forward: a policy must end in the same state either way), `Finished`, and `Left` for
-   a request that ends without its last token (its client gave up or went away) once it was
-   admitted: a policy that charged ahead (a predicted output) settles for what was served.
+   an admitted request that leaves without its last token (its client gave up or went away; a
+   prefill replica's handoff under per-pool counters): a policy that charged ahead (a
+   predicted output) settles for what was served.
 5. `victim(running)`: which running request a preempting engine evicts.
 
 plus `bind(trace)` before the run. A policy declares which charge events it uses (`charged`),
@@ -105,13 +106,15 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Left:
-    """`req` ended at `now` without its last token, after it was admitted (its client gave up
-    or went away), having emitted `generated` tokens: what it was charged ahead of service
-    (a predicted output) was never served."""
+    """`req`, admitted, left this policy's replicas at `now` without its last token: its client
+    gave up or went away (`served`: the tokens it emitted), or, under disaggregated pools with
+    counters per pool, a prefill replica handed it off (`served` 0: the decode pool's policy
+    charges its output). What it was charged ahead of service (a predicted output) beyond
+    `served` output tokens was never served here."""
 
     req: int
     now: float
-    generated: int
+    served: int
 
 
 Charge = PromptTokens | OutputTokens | Finished | Left

@@ -15,7 +15,7 @@ import simpy
 from cost_models.base import StepCostModel
 from simulator.core.errors import ConfigError
 from simulator.core.queue import WaitingQueue
-from simulator.core.seam import CounterPolicy, Policy, ReplicaAware, check_hooks
+from simulator.core.seam import CounterPolicy, Left, Policy, ReplicaAware, check_hooks
 from simulator.engines.disaggregation import DisaggregationConfig, KVLink, with_settings
 from simulator.engines.dispatch import ClusterConfig, Dispatcher, RoutingConfig, make_dispatcher
 from simulator.engines.step_model import EngineConfig, Host, StepModel
@@ -185,7 +185,11 @@ class DisaggregatedPools:
             for r in rows:
                 self.prefill_dispatcher.released(r, replica)
         shared = self.pd.counters == "shared"
+        prefill_policy = runner.replicas[replica].policy
+        settles = not shared and Left in prefill_policy.charged
         for r in rows:
+            if settles:  # the decode pool's own policy charges the output
+                prefill_policy.charge(Left(r, now, 0))
             j = int(self.decode_of[r])
             rep = runner.replicas[j]
             assert isinstance(rep, VLLMReplica)
