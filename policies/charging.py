@@ -101,9 +101,10 @@ class TokenCharges:
         return [(c, float(price * float(n) / self.weight[c])) for c, n in enumerate(counts) if n]
 
     def decode(
-        self, running: np.ndarray, clients: np.ndarray, steps: int
+        self, running: np.ndarray, clients: np.ndarray, steps: int, with_first: bool = False
     ) -> list[tuple[int, np.ndarray]]:
-        """Per client with running requests: its charge in each of `steps` decode steps."""
+        """Per client with running requests: its charge in each of `steps` decode steps
+        (`with_first`: a whole stream's tokens from its first, h(n_p, L) - h(n_p, 0) for L)."""
         out: list[tuple[int, np.ndarray]] = []
         if self.constant_token_price is not None:
             # per client in index order, listed in Python: a step has few clients
@@ -113,7 +114,7 @@ class TokenCharges:
                     out.append((c, np.full(steps, inc)))
             return out
         g = self.generated[running]
-        first = 0 if self.before_step else 1
+        first = 0 if self.before_step or with_first else 1
         tokens = (g[:, None] + np.arange(first, steps + first)[None, :]).astype(np.float64)
         p = self.prompt[running][:, None]
         inc = self.h(p, tokens) - self.h(p, tokens - 1.0)

@@ -126,7 +126,7 @@ class DRR(BasePolicy):
                     self.credit[c] = value
                     self.log.add(t, c, -inc, value, DECODE)
                 return
-            for c, incs in self.charges.decode(event.rows, event.clients, steps):
+            for c, incs in self.charges.decode(event.rows, event.clients, steps, event.with_first):
                 values = sequential_sum(float(self.credit[c]), -incs)
                 self.credit[c] = values[-1]
                 self.log.add_many(event.step_ends, c, -incs, values, DECODE)

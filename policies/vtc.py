@@ -212,7 +212,7 @@ class VTC(LeastServed):
 
     def charge(self, event: Charge) -> None:
         if isinstance(event, OutputTokens):
-            self._output_tokens(event.rows, event.clients, event.step_ends)
+            self._output_tokens(event.rows, event.clients, event.step_ends, event.with_first)
         elif isinstance(event, PromptTokens):
             c = int(self.trace.client[event.req])
             self._charge(c, self.charges.prompt_tokens(event.req, event.tokens), event.now, PROMPT)
@@ -221,7 +221,9 @@ class VTC(LeastServed):
         else:
             self._finished(event.req, event.now)
 
-    def _output_tokens(self, rows: np.ndarray, clients: np.ndarray, step_ends: np.ndarray) -> None:
+    def _output_tokens(
+        self, rows: np.ndarray, clients: np.ndarray, step_ends: np.ndarray, with_first: bool
+    ) -> None:
         one = self.charges.decode_step(clients) if step_ends.shape[0] == 1 else None
         if one is not None:  # one step: the same sums as below, without numpy per client
             t = float(step_ends[0])
@@ -231,7 +233,7 @@ class VTC(LeastServed):
                 self.log.add(t, c, inc, value, DECODE)
             self._last_step = (t, rows)
             return
-        for c, incs in self.charges.decode(rows, clients, step_ends.shape[0]):
+        for c, incs in self.charges.decode(rows, clients, step_ends.shape[0], with_first):
             values = sequential_sum(float(self.counter[c]), incs)
             self.counter[c] = values[-1]
             self.log.add_many(step_ends, c, incs, values, DECODE)

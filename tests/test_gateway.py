@@ -265,6 +265,27 @@ def test_vtc_flow_control_counts_every_token_but_keeps_no_log_of_it():
     assert len(runner.policies[0].counter_events()) > 0
 
 
+@pytest.mark.parametrize(
+    "settings", [{}, {"prediction": "oracle"}, {"service": "profiled"}], ids=str
+)
+def test_gateway_vtc_charges_each_stream_its_whole_price_once(settings):
+    """Flow control's VTC charges a request's prompt when it is dispatched and its output when
+    its stream ends: every completed request costs its client h(P, O) exactly, the service
+    function of its whole prompt and output, with a predicted output charged ahead and the
+    paper's profiled h as with the linear one (no lift: plain sums)."""
+    tr = clients_trace({"heavy": 30.0, "light": 12.0}, duration=20.0, burst=5, seed=3)
+    vtc = VTC(lift="none", **settings)
+    cluster = ClusterConfig(2, "least_requests", gateway=flow(vtc, fairness="vtc"))
+    runner = Runner(tr, FCFS(), CONST, ENGINE, cluster)
+    tl = runner.close()
+    assert (tl.status == COMPLETED).all()
+    assert runner.gateway is not None
+    (band,) = runner.gateway.bands.values()
+    price = band.policy.service(tr.prompt_len, tr.output_len)
+    for c in range(tr.num_clients):
+        assert band.policy.counter[c] == pytest.approx(price[tr.client == c].sum(), rel=1e-9)
+
+
 # ---- classes in the engine, in traces ---------------------------------------------------
 def test_priority_by_slo_class_admits_critical_requests_first():
     tr = clients_trace({"a": 10.0, "b": 10.0}, duration=10.0)

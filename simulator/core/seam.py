@@ -89,11 +89,14 @@ class PromptTokens:
 @dataclass(frozen=True, slots=True)
 class OutputTokens:
     """Steps ended at `step_ends`; in each, every request in `rows` (trace rows in running
-    order; `clients` are their clients) produced one output token after its first."""
+    order; `clients` are their clients) produced one output token after its first.
+    `with_first`: the steps count each request's first token too (the gateway charges a whole
+    stream when it ends: every token passed it)."""
 
     rows: np.ndarray
     clients: np.ndarray
     step_ends: np.ndarray
+    with_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -439,7 +439,8 @@ class Gateway:
         policy = self.bands[int(self.priority[req])].policy
         if OutputTokens in policy.charged and generated > 0:  # every token passed the gateway
             client = np.array([self.client_of[req]])
-            policy.charge(OutputTokens(np.array([req]), client, np.full(generated, now)))
+            steps = np.full(generated, now)
+            policy.charge(OutputTokens(np.array([req]), client, steps, with_first=True))
         if completed and Finished in policy.charged:
             policy.charge(Finished(req, now))
         elif not completed and Left in policy.charged:
