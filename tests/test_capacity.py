@@ -267,6 +267,21 @@ def test_end_to_end_etalon_search_agrees_with_a_direct_sweep(tmp_path):
     assert (tmp_path / "capacity_search.png").stat().st_size > 0
 
 
+def test_a_probe_whose_clients_give_up_fails_however_fast_the_rest_are_served():
+    """`client_timeout` applies to every probe as to a run: at a light load every request is
+    served and the SLO met; with clients that give up after 1 s (before most answers end),
+    the same load is not sustained, and the probe says how many gave up. EvalScope's probes
+    count them as failed requests."""
+    plain = SimulatedService(capacity_cfg("capacity.num_requests=100"))
+    hasty = SimulatedService(capacity_cfg("capacity.num_requests=100", "client_timeout=1.0"))
+    passed, measured = plain.check_slos(0.2)
+    assert passed and "clients_gave_up" not in measured
+    passed, measured = hasty.check_slos(0.2)
+    assert not passed and measured["clients_gave_up"] > 0
+    assert hasty.evalscope_metrics(0.2, 1)["success_rate"] < 1.0
+    assert plain.evalscope_metrics(0.2, 1)["success_rate"] == 1.0
+
+
 def test_end_to_end_concurrency_search_agrees_with_a_direct_sweep(tmp_path):
     """Closed-loop users: Veeksha's search lands on the last passing user count of a sweep
     over 1, 2, ... (the miss rate grows with the users here, so the sweep's first failure is

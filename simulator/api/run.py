@@ -77,19 +77,24 @@ def build_trace(cfg: DictConfig) -> Trace:
     names classes (or the workload gave them, or the gateway acts), and with `client_timeout`
     (when set) as every request's."""
     workload = instantiate(cfg.workload, _convert_="all")
-    trace = workload.build(int(cfg.seed))
-    timeout = cfg.get("client_timeout")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(
-                f"client_timeout={timeout!r}: expected seconds > 0 (.inf: never) or null (the "
-                "workload's own)"
-            )
-        trace = ClientTimeout(float(timeout)).apply(trace)
+    trace = with_client_timeout(workload.build(int(cfg.seed)), cfg)
     gateway = gateway_config(cfg)
     if gateway is None or not gateway.labels(trace):
         return trace
     return dataclasses.replace(trace, slo_class=gateway.class_codes(trace))
+
+
+def with_client_timeout(trace: Trace, cfg: DictConfig) -> Trace:
+    """`trace` with `client_timeout` (when set) as every request's."""
+    timeout = cfg.get("client_timeout")
+    if timeout is None:
+        return trace
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(
+            f"client_timeout={timeout!r}: expected seconds > 0 (.inf: never) or null (the "
+            "workload's own)"
+        )
+    return ClientTimeout(float(timeout)).apply(trace)
 
 
 # the fairness policies flow control may run across a band's tenants (gateway.flow_control)

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from simulator.api.prefill_profile import profile_prefill
-from simulator.api.run import config_slos, instantiate_parts, what_ran
+from simulator.api.run import config_slos, instantiate_parts, what_ran, with_client_timeout
 from simulator.apps.capacity.searches import (
     EVALSCOPE_UNITS,
     STEADY_STATE_UNITS,
@@ -42,6 +42,7 @@ from simulator.apps.capacity.searches import (
 )
 from simulator.apps.common import hydra_jobs
 from simulator.core.errors import ConfigError
+from simulator.core.requests import CLIENT_TIMEOUT
 from simulator.engines import simulate
 from simulator.metrics import latency
 from simulator.metrics.prefill_curve import fit_prefill_curve
@@ -145,16 +146,23 @@ class SimulatedService:
 
     def run(self, value: float, seed: int, evalscope: bool = False) -> tuple[Any, Any]:
         trace = self.evalscope_trace(value, seed) if evalscope else self.trace(value, seed)
+        trace = with_client_timeout(trace, self.cfg)
         policy = instantiate(self.cfg.policy, _convert_="all")
         timeline = simulate(trace, policy, self.cost, self.engine, self.cluster)
         return timeline.requests_frame(), timeline.tokens_frame()
 
     def check_slos(self, value: float) -> tuple[bool, dict[str, float]]:
+        """Whether a probe meets every SLO (over its completed requests, Veeksha's rule) with
+        no client giving up (`client_timeout`): a load whose clients abandon requests is not
+        sustained, however fast the rest are served."""
         requests, tokens = self.run(value, int(self.cfg.seed))
         values = request_values(requests, tokens, self.qoe, self.curve)
         res = evaluate_slos(self.slos, values)
         measured = {r["slo_metric_key"]: r["observed_value"] for r in res["results"]}
-        return bool(res["all_slos_met"]), measured
+        gave_up = int((requests.reason == CLIENT_TIMEOUT).sum())
+        if gave_up:
+            measured["clients_gave_up"] = gave_up
+        return bool(res["all_slos_met"]) and not gave_up, measured
 
     def steady_state_metrics(self, value: float, num_runs: int) -> dict[str, float]:
         """EvalScope's metrics, in seconds and unrounded, of `capacity.num_requests` per run
@@ -212,7 +220,8 @@ def point_metrics(
     rounded to 2 decimals and the rest rounded to 4 (`scale`, `rounded`); fairsim's steady state
     keeps seconds (`scale=1`), unrounded but for the percentiles' 2 decimals."""
     done = requests[requests.status == "completed"]
-    lat = latency.per_request_latency(done, tokens, "evalscope")
+    # (a request whose client gave up emitted tokens too: EvalScope counts it as failed)
+    lat = latency.per_request_latency(done, latency.tokens_of(tokens, done.request_id), "evalscope")
     lat.loc[lat.tokens < 2, "tpot"] = np.nan  # no decode phase: no TPOT (left out, as EvalScope)
     ended = requests.finished_at.to_numpy(dtype=float)
     span = float(np.nanmax(ended) - requests.arrival.min()) if len(done) else 0.0
