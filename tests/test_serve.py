@@ -402,6 +402,29 @@ def test_a_port_already_in_use_is_an_input_error_naming_serve_port(tmp_path: Pat
     assert "serve.port=0" in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("workload=vtc_artifact", "serves the requests its clients send"),
+        ("client_timeout=5", "clients give up on their own"),
+        ("workload.rate_scale=2", "serves the requests its clients send"),
+        ("replications=3", "a live session runs once"),
+    ],
+)
+def test_a_key_the_live_server_never_reads_is_refused_not_ignored(tmp_path, override, says):
+    res = subprocess.run(
+        [str(BIN / "fairsim-serve"), "serve.port=0", override,
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert lines[0].startswith(f"fairsim-serve: error: {override.split('=')[0]}: ")
+    assert says in lines[0]
+    assert not (tmp_path / "run").exists(), "an input error leaves no run folder"
+
+
 @pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
 def test_streams_are_framed_as_vllm_frames_them_lf_only(server: Server, path: str):
     """vLLM's OpenAI server ends each event with a bare blank line (`\\n\\n`); clients such as

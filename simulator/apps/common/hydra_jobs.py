@@ -20,7 +20,7 @@ import socket
 import sys
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,19 @@ from simulator.report.run_folder import (
 )
 
 
-def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -> None:
+def run_job(
+    prog: str,
+    cfg: DictConfig,
+    out_dir: str,
+    job: Callable[[], None],
+    unread: Mapping[str, str] | None = None,
+) -> None:
     """Run one `prog` job in its folder, which says in job.json how it went (running, then
     completed, failed with the error and traceback, or interrupted). Alone, a failure is raised
     for `command.run_command` to report. In a multirun, skip the job if its folder already
-    completed this configuration, and record a failure instead of stopping the sweep."""
+    completed this configuration, and record a failure instead of stopping the sweep.
+    `unread`: top-level keys of the shared config that `prog` does not read, each with why;
+    setting one on the command line is an input error (`check_unread_keys`)."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     # Hydra sends INFO records to stdout: matplotlib's notes (it built its font cache) are
     # not the command's output
@@ -70,6 +78,7 @@ def run_job(prog: str, cfg: DictConfig, out_dir: str, job: Callable[[], None]) -
         with signals_interrupt():  # a sweep's worker process marks its job too
             mark_running(out_dir, digest)
             check_added_keys(cfg)
+            check_unread_keys(unread or {})
             check_config(cfg)
             job()
     except (KeyboardInterrupt, Interrupted) as err:
@@ -128,6 +137,16 @@ def check_added_keys(cfg: DictConfig) -> None:
             continue
         accepted = sorted(str(k) for k in cfg if k not in (key, "hydra"))
         raise ConfigError(f"{key}: not a setting of this command; accepted: {accepted}")
+
+
+def check_unread_keys(unread: Mapping[str, str]) -> None:
+    """A key the command inherits from config.yaml but never reads, set on its command line
+    (`fairsim-serve workload=...`), is refused with why: it would be ignored silently."""
+    for override in HydraConfig.get().overrides.task:
+        key = override.lstrip("+~").split("=", 1)[0]
+        top = re.split(r"[./]", key, maxsplit=1)[0]
+        if top in unread:
+            raise ConfigError(f"{key}: {unread[top]}")
 
 
 def record_failure(folder: str | Path, err: BaseException, digest: str) -> None:

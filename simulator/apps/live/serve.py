@@ -288,11 +288,29 @@ def rename_clients(timeline: Timeline, clients: dict[str, int]) -> Timeline:
     return dataclasses.replace(timeline, trace=trace, counters=counters)
 
 
+# the keys of config.yaml a live session never reads, and why
+UNREAD = {
+    "workload": "fairsim-serve serves the requests its clients send, not a workload (a workload "
+    "drives `fairsim` runs and `fairsim-bench`)",
+    "client_timeout": "fairsim-serve's clients give up on their own (their HTTP timeouts); it "
+    "drops a request whose client disconnects",
+    "seed": "fairsim-serve draws no workload (engine.step_jitter_seed seeds its step-time jitter)",
+    **dict.fromkeys(
+        ("replications", "replicate_workload", "replication_jobs"),
+        "a live session runs once; replications are for `fairsim` runs",
+    ),
+}
+
+
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="serve")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     hydra_jobs.run_job(
-        "fairsim-serve", cfg, out_dir, lambda: run_loop(serve_until_signal(cfg, out_dir))
+        "fairsim-serve",
+        cfg,
+        out_dir,
+        lambda: run_loop(serve_until_signal(cfg, out_dir)),
+        unread=UNREAD,
     )
 
 
