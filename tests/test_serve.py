@@ -385,21 +385,27 @@ def test_fairserve_throttles_live_calls_by_user_and_interaction(server: Server):
     assert requests.system_prompt_len.tolist() == [10] * 5
 
 
+def refusal(tmp_path: Path, *overrides: str) -> str:
+    """`fairsim-serve` with these overrides exits 2 (an input error) printing one line, no
+    traceback: that line."""
+    res = subprocess.run(
+        [str(BIN / "fairsim-serve"), *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    return lines[0]
+
+
 def test_a_port_already_in_use_is_an_input_error_naming_serve_port(tmp_path: Path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = subprocess.run(
-            [str(BIN / "fairsim-serve"), f"serve.port={port}",
-             f"hydra.run.dir={tmp_path / 'run'}"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    assert res.returncode == 2, res.stderr[-2000:]
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in res.stderr
-    assert f"serve.port={port}: cannot listen on 127.0.0.1:{port}" in lines[0]
-    assert "serve.port=0" in lines[0]
+        line = refusal(tmp_path, f"serve.port={port}")
+    assert f"serve.port={port}: cannot listen on 127.0.0.1:{port}" in line
+    assert "serve.port=0" in line
 
 
 @pytest.mark.parametrize(
@@ -412,16 +418,8 @@ def test_a_port_already_in_use_is_an_input_error_naming_serve_port(tmp_path: Pat
     ],
 )
 def test_a_key_the_live_server_never_reads_is_refused_not_ignored(tmp_path, override, says):
-    res = subprocess.run(
-        [str(BIN / "fairsim-serve"), "serve.port=0", override,
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert res.returncode == 2, res.stderr[-2000:]
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in res.stderr
-    assert lines[0].startswith(f"fairsim-serve: error: {override.split('=')[0]}: ")
-    assert says in lines[0]
+    line = refusal(tmp_path, "serve.port=0", override)
+    assert line.startswith(f"fairsim-serve: error: {override.split('=')[0]}: ") and says in line
     assert not (tmp_path / "run").exists(), "an input error leaves no run folder"
 
 
