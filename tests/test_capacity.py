@@ -377,3 +377,19 @@ def test_a_search_failing_at_its_lower_bound_says_what_to_try(tmp_path):
     assert "cannot meet it at any load" in hint
     write_results([failed, found], tmp_path, "evalscope", "a test run")
     assert (tmp_path / "capacity_search.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("override", ["compare_with=fcfs", "replications=3", "pictures=false"])
+def test_a_key_the_capacity_search_never_reads_is_refused_not_ignored(tmp_path, override):
+    import subprocess
+
+    from conftest import BIN
+
+    res = subprocess.run(
+        [str(BIN / "fairsim-capacity"), override, f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert lines[0].startswith(f"fairsim-capacity: error: {override.split('=')[0]}: ")

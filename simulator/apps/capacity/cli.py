@@ -409,10 +409,27 @@ def lower_bound_hints(results: list[SearchResult], cap: DictConfig) -> list[str]
     return hints
 
 
+# the keys of config.yaml a capacity search never reads, and why
+UNREAD = {
+    "compare_with": "a capacity search probes loads of one policy: run it once per policy "
+    "(a sweep: fairsim-capacity -m policy=vtc,fcfs)",
+    **dict.fromkeys(
+        ("replications", "replicate_workload", "replication_jobs"),
+        "a probe runs once per seed: capacity.num_runs averages EvalScope and steady-state "
+        "points over seeds",
+    ),
+    **dict.fromkeys(
+        ("pictures", "veeksha_metrics"),
+        "a capacity search writes no run folder per probe: its results are "
+        "capacity_search_results.json and capacity_search.png",
+    ),
+}
+
+
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="capacity")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
-    hydra_jobs.run_job("fairsim-capacity", cfg, out_dir, lambda: _run(cfg, out_dir))
+    hydra_jobs.run_job("fairsim-capacity", cfg, out_dir, lambda: _run(cfg, out_dir), unread=UNREAD)
 
 
 def _run(cfg: DictConfig, out_dir: str) -> None:
