@@ -180,3 +180,32 @@ def test_a_tolerated_share_of_failures_warns_and_exits_0(faulty_target: str, tmp
         f"hydra.run.dir={folder}",
     )
     assert "fairsim-bench: 4 of 6 requests failed" in res.stderr.strip().splitlines()[-1]
+
+
+def test_a_client_that_gives_up_abandons_its_request_as_in_a_simulation(
+    faulty_target: str, tmp_path: Path
+):
+    """`client_timeout` (or inference-perf's `load.request_timeout`): the bench's client gives
+    up on a request that long after sending it, as a simulated client does: the request that
+    stalls after 3 tokens ends `rejected`, reason `client_timeout`, its 3 tokens kept, long
+    before the stall timeout (60 s); the others end as before."""
+    folder = tmp_path / "run"
+    res = run(
+        "fairsim-bench",
+        f"target.url={faulty_target}",
+        *six_requests(tmp_path),
+        "client_timeout=1",
+        "progress=false",
+        f"hydra.run.dir={folder}",
+        check=False,
+    )
+    assert res.returncode == 4, res.stderr  # 3 of 6 failed (500, not a stream, dropped)
+    requests = pd.read_parquet(folder / "requests.parquet").set_index("request_id")
+    stalled = requests.loc[1]
+    assert (stalled.status, stalled.reason, stalled.tokens_emitted) == (
+        "rejected", "client_timeout", 3
+    )  # fmt: skip
+    assert stalled.finished_at - stalled.arrival < 5.0
+    assert requests.loc[4].status == "completed" and requests.loc[0].status == "failed"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["client_timeouts"]["requests"] == 1

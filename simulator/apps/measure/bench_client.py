@@ -13,6 +13,11 @@ Tokens: a chunk carries one token unless a tokenizer (`target.tokenizer`) counts
 text; k tokens of one chunk are spread evenly over the time since the chunk before (the last at
 the chunk's own arrival; a first chunk's tokens all arrive with it). Whatever arrived before an
 error, a timeout or a dropped connection is kept, with the reason.
+
+A request whose trace gives its client a timeout (`client_timeout`: inference-perf's
+`load.request_timeout`, or the top-level key) is abandoned that long after it is sent, as in a
+simulation: it ends `rejected`, reason `client_timeout`, with the tokens it received
+(`target.timeout`, when shorter, fails it first).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import openai
 import orjson
 
 from simulator.core.errors import ConfigError
-from simulator.core.requests import COMPLETED, FAILED, IN_FLIGHT, REJECTED
+from simulator.core.requests import CLIENT_TIMEOUT, COMPLETED, FAILED, IN_FLIGHT, REJECTED
 from simulator.engines import ProgressSnapshot
 from simulator.engines.arrivals import chains, first_arrivals
 from traces.schema import Trace
@@ -241,11 +246,16 @@ class Replay:
         async with self.slots:
             rec.sent_at[row] = self.now()  # until the request actually leaves (_on_send)
             rec.reason[row] = None
+            gives_up = self._client_timeout(row)
             try:
-                limit = self.target.timeout / self.target.time_scale
+                limit = min(self.target.timeout, gives_up) / self.target.time_scale
                 await asyncio.wait_for(self._stream(row), limit)
             except asyncio.TimeoutError:
-                self._fail(row, FAILED, f"timeout: no end after {self.target.timeout:g} s")
+                if gives_up < self.target.timeout:  # the trace's client gave up
+                    rec.status[row], rec.reason[row] = REJECTED, CLIENT_TIMEOUT
+                    rec.finished_at[row] = self.now()
+                else:
+                    self._fail(row, FAILED, f"timeout: no end after {self.target.timeout:g} s")
             except openai.APIStatusError as err:
                 code = err.status_code
                 rec.http_status[row] = code
@@ -258,6 +268,11 @@ class Replay:
                 self.all_ended.set()
                 return
         self._ended(row)
+
+    def _client_timeout(self, row: int) -> float:
+        """Seconds after sending at which the trace's client of `row` gives up (inf: never)."""
+        timeouts = self.trace.client_timeout
+        return float("inf") if timeouts is None else float(timeouts[row])
 
     async def _on_send(self, request: Any) -> None:
         rid = request.headers.get("X-Request-Id")
