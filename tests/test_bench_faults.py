@@ -168,6 +168,18 @@ def test_a_bad_target_setting_names_the_key(tmp_path: Path):
     assert "target.concurrency" in res.stderr and "max_concurrency" in res.stderr
 
 
+@pytest.mark.parametrize("override", ["policy=fcfs", "cluster.replicas=2", "compare_with=fcfs"])
+def test_a_simulation_setting_is_refused_not_ignored(tmp_path: Path, override: str):
+    """The target schedules as it does: a policy, cluster or comparison given to the bench
+    would be ignored silently, so it is refused, saying why, before anything is sent."""
+    res = run("fairsim-bench", override, f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"fairsim-bench: error: {override.split('=')[0]}: "
+    )
+
+
 def test_a_tolerated_share_of_failures_warns_and_exits_0(faulty_target: str, tmp_path: Path):
     folder = tmp_path / "run"
     res = run(

@@ -149,11 +149,29 @@ def failed_reasons(folder: Path) -> Counter[str]:
     return Counter(requests.loc[requests["status"] == "failed", "reason"].astype(str))
 
 
+# the keys of config.yaml a measurement never reads, and why
+UNREAD = {
+    **dict.fromkeys(
+        ("policy", "cluster", "gateway"),
+        "fairsim-bench measures the target as it serves (its own scheduling, replicas and "
+        "gateway); these keys configure simulations (fairsim, fairsim-serve)",
+    ),
+    "compare_with": "fairsim-bench measures one target: to compare a simulated policy, run "
+    "`fairsim` on the same workload",
+    **dict.fromkeys(
+        ("replications", "replicate_workload", "replication_jobs"),
+        "fairsim-bench measures once: repeat it (a sweep: fairsim-bench -m seed=0,1,2)",
+    ),
+}
+
+
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="bench")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     failed: list[float] = []
-    hydra_jobs.run_job("fairsim-bench", cfg, out_dir, lambda: failed.append(_run(cfg, out_dir)))
+    hydra_jobs.run_job(
+        "fairsim-bench", cfg, out_dir, lambda: failed.append(_run(cfg, out_dir)), unread=UNREAD
+    )
     allowed = float(cfg.target.get("max_failed_share", 0.1))
     if failed and failed[0] > allowed and HydraConfig.get().mode != RunMode.MULTIRUN:
         print(
