@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import conf
 from simulator.api.config_check import check_config
+from simulator.api.inert_settings import inert_overrides
 from simulator.apps.common.command import (
     Interrupted,
     RunFailed,
@@ -80,6 +81,8 @@ def run_job(
             check_added_keys(cfg)
             check_unread_keys(unread or {})
             check_config(cfg)
+            for note in inert_overrides(cfg, HydraConfig.get().overrides.task):
+                print(f"{prog}: note: {note}", file=sys.stderr)
             job()
     except (KeyboardInterrupt, Interrupted) as err:
         name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
