@@ -17,6 +17,7 @@ INERT_BY_DEFAULT = {
     "cluster.routing.delay=1": "no dispatcher is `scored`",
     "cluster.disaggregation.threshold=3": "cluster.prefill_replicas is 0",
     "gateway.saturation.queue_depth=2": "both off",
+    "replication_jobs=2": "replications is 1",
 }
 ALWAYS_READ = ["gateway.flow_control.enabled=false", "engine.pool_tokens=5000", "seed=3"]
 
@@ -39,6 +40,7 @@ def test_the_same_settings_with_their_blocks_on_get_no_note():
         "cluster.prefill_replicas=1",
         "cluster.decode_replicas=1",
         "engine=vllm",
+        "replications=3",
     ]
     cfg = compose_config(on)
     settings = [o for o in INERT_BY_DEFAULT if "overload_queue_depth" not in o]

@@ -14,6 +14,9 @@ TOKEN_BUCKET_KEYS = ("rate", "burst", "tenant_rate", "tenant_burst", "input_cost
 def inactive_blocks(cfg: Mapping[str, Any]) -> dict[str, str]:
     """Key prefixes (a block, or one key) the config leaves unread, each with why."""
     off: dict[str, str] = {}
+    if int(cfg.get("replications") or 1) == 1:
+        for key in ("replicate_workload", "replication_jobs"):
+            off[key] = "replications is 1 (one run)"
     cluster = cfg.get("cluster") or {}
     scaler = cluster.get("autoscaler") or {}
     if not scaler.get("enabled", False):
