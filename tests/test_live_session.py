@@ -146,6 +146,22 @@ def test_an_aborted_request_stops_and_frees_its_memory_at_the_next_step(engine):
     assert (timeline.status[waiting[:2]] == 0).all()
 
 
+@pytest.mark.parametrize("engine", [SLoRAConfig(pool_tokens=6000), VLLMConfig(pool_tokens=6000)])
+def test_vtc_with_a_prediction_charges_an_aborted_request_only_the_tokens_it_streamed(engine):
+    """VTC(oracle) charges a request's whole output (its max_tokens) when it is admitted; its
+    client going away mid-stream gives back what was never streamed: the client's counter
+    ends at its prompt plus twice the tokens it got (no lift: one client)."""
+    vtc = VTC(prediction="oracle", lift="none")
+    session = LiveSession(vtc, COST, engine, clients=CLIENTS)
+    row = session.submit(0, 300, 500, 0.0)
+    session.advance(2.0)
+    session.abort(row)
+    timeline = session.close()
+    got = int(timeline.generated[row])
+    assert timeline.reason[row] == "aborted" and 0 < got < 500
+    assert vtc.counter[0] == 300 + 2 * got
+
+
 @pytest.mark.parametrize("dispatcher", ["round_robin", "least_requests"])
 def test_a_live_cluster_is_the_offline_run_of_its_arrivals(dispatcher):
     """Two replicas: assigned up front (round robin, each runs alone) or coupled (least
