@@ -168,6 +168,12 @@ def _waiting(requests: pd.DataFrame, times: np.ndarray) -> np.ndarray:
     return arrived_by - np.searchsorted(admitted, times, side="right")
 
 
+# the run pictures' margins (fractions of the figure: room for the run's title, a panel title,
+# two-line axis labels and tick labels), fixed rather than measured: tight_layout measured every
+# label again, a quarter of the pictures' drawing time
+STACKED_MARGINS = {"left": 0.11, "right": 0.98, "top": 0.88, "bottom": 0.08, "hspace": 0.15}
+
+
 def draw_run_pictures(folder: Path, pictures: RunPictures) -> None:
     """service_over_time.png and kv_and_batch.png in `folder` (and replicas_over_time.png for
     an elastic fleet)."""
@@ -199,7 +205,7 @@ def _draw_fleet(path: Path, p: RunPictures) -> None:
         ax.set_ylim(bottom=0)
     fleet_ax.set_title("Replicas over time (autoscaler)", fontsize=11)
     fig.suptitle(p.title, fontsize=8, color="0.3")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.subplots_adjust(**STACKED_MARGINS)
     save_png(fig, path)
 
 
@@ -228,7 +234,7 @@ def _draw_service(path: Path, p: RunPictures) -> None:
         0.01, 0.005, "service: prompt tokens x w_p + output tokens x w_q (VTC's price)",
         fontsize=7, color="0.4",
     )  # fmt: skip
-    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
+    fig.subplots_adjust(**{**STACKED_MARGINS, "bottom": 0.1})  # (room for the note)
     save_png(fig, path)
 
 
@@ -251,5 +257,5 @@ def _draw_engine(path: Path, p: RunPictures) -> None:
         ax.set_ylim(bottom=0)
     kv_ax.set_title("Engine state over time", fontsize=11)
     fig.suptitle(p.title, fontsize=8, color="0.3")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.subplots_adjust(**STACKED_MARGINS)
     save_png(fig, path)

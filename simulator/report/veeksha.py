@@ -379,7 +379,7 @@ def _draw_distribution(
 ) -> None:
     """The cumulative distribution, and for times a second panel with the tail: the share
     above each value on a log scale, where a 1% stall tail shows as clearly as the median."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     tail = name != "fluidity"
     fig = _figure(wide=tail)
@@ -403,8 +403,14 @@ def _draw_distribution(
         axes[0].legend(fontsize=7, loc="lower right", title="client (values)", title_fontsize=7)
     else:  # e.g. no request completed: say so rather than draw empty axes without a word
         axes[0].text(0.5, 0.5, "no values", ha="center", va="center", transform=axes[0].transAxes)
+    # log axes: labelled major ticks and their grid, no minor ticks (a log axis's dozens of
+    # minor ticks and their mathtext labels took half of each plot's drawing: 0.25 -> 0.14 s
+    # a plot of 300,000 gaps, measured alone)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     if tail:
         axes[1].set_yscale("log")
+        axes[1].yaxis.set_major_formatter(plain)
+        axes[1].yaxis.set_minor_locator(NullLocator())
         axes[1].set_ylabel(f"share of {unit} above (tail)")
     decades = _decades(name, lines)
     for ax in axes:
@@ -413,8 +419,8 @@ def _draw_distribution(
         if decades > 1:  # labels at 1, 2 and 5 of each decade where there are few decades
             ax.set_xscale("log")
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if decades < 3 else (1.0,)))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.xaxis.set_major_formatter(plain)
+            ax.xaxis.set_minor_locator(NullLocator())
     fig.suptitle(f"{name}: distribution\n{title}", fontsize=9)
     # fixed margins, not tight_layout: measuring every label cost 1.1 s of the 2.8 s the six
     # distribution plots of a sim-to-real run took to draw (benchmarks/sim2real_speed.py)
