@@ -211,7 +211,11 @@ def test_a_client_that_gives_up_abandons_its_request_as_in_a_simulation(
         f"hydra.run.dir={folder}",
         check=False,
     )
-    assert res.returncode == 4, res.stderr  # 3 of 6 failed (500, not a stream, dropped)
+    # 3 of 6 failed (500, not a stream, dropped) and 1 was given up on: both counted
+    assert res.returncode == 4, res.stderr
+    warning, verdict = res.stderr.strip().splitlines()[-2:]
+    assert "3 of 6 requests failed" in warning and "clients gave up on 1 of 6" in warning
+    assert "67% of requests failed" in verdict
     requests = pd.read_parquet(folder / "requests.parquet").set_index("request_id")
     stalled = requests.loc[1]
     assert (stalled.status, stalled.reason, stalled.tokens_emitted) == (

@@ -121,7 +121,8 @@ def bench(cfg: DictConfig, out_dir: str) -> dict[str, Any]:
 
 
 def _run(cfg: DictConfig, out_dir: str) -> float:
-    """Measure and print the results; returns the share of requests that failed."""
+    """Measure and print the results; returns the share of requests that failed or whose
+    clients gave up (inference-perf counts both as failures)."""
     summary = bench(cfg, out_dir)
     rows = cfg.get("console_rows", DEFAULT_ROWS)
     print(format_summary(summary, rows))
@@ -132,16 +133,22 @@ def _run(cfg: DictConfig, out_dir: str) -> float:
         print(format_qoe(summary, rows))
     print(f"run folder: {out_dir} (in a browser: {Path(out_dir, REPORT_FILE)})")
     failed, total = summary["status_counts"]["failed"], summary["requests"]
-    if failed:
-        reasons = "; ".join(
-            f"{n} {reason}" for reason, n in failed_reasons(Path(out_dir)).most_common(3)
-        )
+    gave_up = int((summary.get("client_timeouts") or {}).get("requests", 0))
+    if failed or gave_up:
+        what = []
+        if failed:
+            reasons = "; ".join(
+                f"{n} {reason}" for reason, n in failed_reasons(Path(out_dir)).most_common(3)
+            )
+            what.append(f"{failed} of {total} requests failed ({reasons})")
+        if gave_up:
+            what.append(f"clients gave up on {gave_up} of {total} (client_timeout)")
         print(
-            f"fairsim-bench: {failed} of {total} requests failed ({reasons}); the latency and "
-            f"fairness figures describe the {summary['status_counts']['completed']} that completed",
+            f"fairsim-bench: {'; '.join(what)}; the latency and fairness figures describe the "
+            f"{summary['status_counts']['completed']} that completed",
             file=sys.stderr,
         )
-    return failed / total if total else 0.0
+    return (failed + gave_up) / total if total else 0.0
 
 
 def failed_reasons(folder: Path) -> Counter[str]:
