@@ -53,6 +53,15 @@ per key): 7.06-7.15 -> 6.80-6.99 s (7.75x -> 7.42-7.54x) at rate 10. At `--rate-
 day's first commit (598ede1) against its last, back to back: Andes 33.8 -> 30.8 s (9.1x -> 8.35x,
 FCFS 3.7 s).
 
+2026-11-28: a request taken from behind its client's lane head (Andes takes the newest) leaves
+the waiting queue in amortised constant time (lanes with holes, as the global order has): at
+`--rate-scale 40` it had cost 2.6 s of cProfile's 65 s (deque.remove), Andes 31.9 -> 30.9 s in
+one sitting. At rate 10, FCFS 0.92 s, Andes 6.83 s (7.43x): of it, 2.78 s in `pick` and 2.33 s
+in `reschedule` (timed around each call), so 1.7-1.9 s is the engine's own stepping of Andes's
+schedule, about 2x FCFS's whole run before any policy cost (the same 45,000 steps, but 9,758
+preemptions to FCFS's 4,069 and recomputed prompts): the 2x target is out of reach of the
+policy's indexes alone.
+
 Usage: python benchmarks/policy_overload.py [--rate-scale 10] [--policies fcfs,lpm,...]
 """
 
