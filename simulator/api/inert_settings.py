@@ -46,6 +46,38 @@ def inactive_blocks(cfg: Mapping[str, Any]) -> dict[str, str]:
         off["gateway.saturation."] = (
             "only flow control and gateway.admission.type=saturation read it (both off)"
         )
+    off.update(_capacity_mode(cfg))
+    return off
+
+
+# fairsim-capacity's settings each mode reads (the others go unread)
+CAPACITY_MODE_KEYS = {
+    "max_iterations": ("etalon",),
+    "precision": ("veeksha",),
+    "lower": ("evalscope", "steady_state"),
+    "num_runs": ("evalscope", "steady_state"),
+    "sla_params": ("evalscope", "steady_state"),
+    "number_multiplier": ("evalscope",),
+    "dispatch_gap": ("evalscope",),
+    "client_seed": ("evalscope",),
+}
+
+
+def _capacity_mode(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """fairsim-capacity: the settings its mode does not read (EvalScope and steady-state
+    searches judge `sla_params`, not `slos` and their QoE deadlines)."""
+    capacity = cfg.get("capacity")
+    if not capacity:
+        return {}
+    mode = capacity.get("mode")
+    off = {
+        f"capacity.{key}": f"capacity.mode is {mode} (read by {', '.join(modes)})"
+        for key, modes in CAPACITY_MODE_KEYS.items()
+        if mode not in modes
+    }
+    if mode in ("evalscope", "steady_state"):
+        why = f"capacity.mode={mode} judges capacity.sla_params"
+        off.update({"slos": why, "qoe.": why})
     return off
 
 
