@@ -1,7 +1,8 @@
-"""Settings given on the command line that the run will not read, because the block they
+"""Settings given on the command line that the run did not read, because the block they
 belong to is off (`gateway.flow_control.fairness=vtc` with flow control disabled): each gets a
-one-line note, so that no setting is ignored silently. A note, not an error: a sweep may switch
-a block on and off with the same settings (`gateway.flow_control.enabled=true,false`)."""
+one-line note when the run ends, so that no setting is ignored silently. A note, not an error:
+a sweep may switch a block on and off with the same settings
+(`gateway.flow_control.enabled=true,false`)."""
 
 from __future__ import annotations
 

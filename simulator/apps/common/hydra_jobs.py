@@ -81,8 +81,6 @@ def run_job(
             check_added_keys(cfg)
             check_unread_keys(unread or {})
             check_config(cfg)
-            for note in inert_overrides(cfg, HydraConfig.get().overrides.task):
-                print(f"{prog}: note: {note}", file=sys.stderr)
             job()
     except (KeyboardInterrupt, Interrupted) as err:
         name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
@@ -99,6 +97,10 @@ def run_job(
         print(f"{prog}: job failed: {line} (recorded in {out_dir}/{STATUS_FILE})", file=sys.stderr)
     else:
         mark_completed(out_dir, digest)
+        # after the run, not before: an input error found while building it is then the one
+        # line printed, and a finished run's last lines say what it did not read
+        for note in inert_overrides(cfg, HydraConfig.get().overrides.task):
+            print(f"{prog}: note: {note}", file=sys.stderr)
 
 
 BOOKKEEPING = (STATUS_FILE, ".hydra")  # and Hydra's job log, `<command>.log`
