@@ -101,15 +101,7 @@ def test_each_kind_of_failure_gets_a_clear_record_and_nothing_received_is_lost(
     faulty_target: str, tmp_path: Path
 ):
     folder = tmp_path / "run"
-    res = run(
-        "fairsim-bench",
-        f"target.url={faulty_target}",
-        "target.stall_timeout=1",
-        *six_requests(tmp_path),
-        "progress=false",
-        f"hydra.run.dir={folder}",
-        check=False,
-    )
+    res = bench_against(faulty_target, tmp_path, "target.stall_timeout=1")
     # 4 of 6 failed: the folder is written, the command says so and exits 4
     assert res.returncode == 4, res.stderr
     warning, verdict = res.stderr.strip().splitlines()[-2:]
@@ -133,9 +125,13 @@ def test_each_kind_of_failure_gets_a_clear_record_and_nothing_received_is_lost(
     }  # fmt: skip
 
 
-def bench_against(url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def bench_against(url: str, tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
+    """fairsim-bench sending `six_requests` to `url`, its run folder `tmp_path / "run"`."""
     folder = f"hydra.run.dir={tmp_path / 'run'}"
-    return run("fairsim-bench", f"target.url={url}", *six_requests(tmp_path), folder, check=False)
+    return run(
+        "fairsim-bench", f"target.url={url}", *six_requests(tmp_path), *settings,
+        "progress=false", folder, check=False,
+    )  # fmt: skip
 
 
 def test_an_unreachable_target_is_a_one_line_error(tmp_path: Path):
@@ -181,16 +177,10 @@ def test_a_simulation_setting_is_refused_not_ignored(tmp_path: Path, override: s
 
 
 def test_a_tolerated_share_of_failures_warns_and_exits_0(faulty_target: str, tmp_path: Path):
-    folder = tmp_path / "run"
-    res = run(
-        "fairsim-bench",
-        f"target.url={faulty_target}",
-        "target.stall_timeout=1",
-        "target.max_failed_share=0.7",
-        *six_requests(tmp_path),
-        "progress=false",
-        f"hydra.run.dir={folder}",
+    res = bench_against(
+        faulty_target, tmp_path, "target.stall_timeout=1", "target.max_failed_share=0.7"
     )
+    assert res.returncode == 0, res.stderr
     assert "fairsim-bench: 4 of 6 requests failed" in res.stderr.strip().splitlines()[-1]
 
 
@@ -202,15 +192,7 @@ def test_a_client_that_gives_up_abandons_its_request_as_in_a_simulation(
     stalls after 3 tokens ends `rejected`, reason `client_timeout`, its 3 tokens kept, long
     before the stall timeout (60 s); the others end as before."""
     folder = tmp_path / "run"
-    res = run(
-        "fairsim-bench",
-        f"target.url={faulty_target}",
-        *six_requests(tmp_path),
-        "client_timeout=1",
-        "progress=false",
-        f"hydra.run.dir={folder}",
-        check=False,
-    )
+    res = bench_against(faulty_target, tmp_path, "client_timeout=1")
     # 3 of 6 failed (500, not a stream, dropped) and 1 was given up on: both counted
     assert res.returncode == 4, res.stderr
     warning, verdict = res.stderr.strip().splitlines()[-2:]
