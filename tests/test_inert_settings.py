@@ -67,9 +67,13 @@ def test_the_note_reaches_the_console_and_the_run_goes_on(tmp_path):
 
 
 def test_a_capacity_search_notes_the_settings_its_mode_does_not_read():
+    from simulator.apps.capacity.cli import unread_by_mode
+
     etalon = compose_config([], "capacity")
     notes = inert_overrides(
-        etalon, ["capacity.precision=2", "capacity.sla_params=[]", "capacity.max_iterations=5"]
+        etalon,
+        ["capacity.precision=2", "capacity.sla_params=[]", "capacity.max_iterations=5"],
+        unread_by_mode(etalon.capacity),
     )
     assert notes == [
         "capacity.precision has no effect: capacity.mode is etalon (read by veeksha)",
@@ -77,6 +81,10 @@ def test_a_capacity_search_notes_the_settings_its_mode_does_not_read():
         "steady_state)",
     ]
     evalscope = compose_config(["capacity.mode=evalscope"], "capacity")
-    notes = inert_overrides(evalscope, ["slos=[]", "qoe.tbt_deadline=0.05", "capacity.lower=2"])
+    notes = inert_overrides(
+        evalscope,
+        ["slos=[]", "qoe.tbt_deadline=0.05", "capacity.lower=2"],
+        unread_by_mode(evalscope.capacity),
+    )
     assert [n.split(" has no effect")[0] for n in notes] == ["slos", "qoe.tbt_deadline"]
     assert all("judges capacity.sla_params" in n for n in notes)

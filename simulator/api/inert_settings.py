@@ -47,48 +47,24 @@ def inactive_blocks(cfg: Mapping[str, Any]) -> dict[str, str]:
         off["gateway.saturation."] = (
             "only flow control and gateway.admission.type=saturation read it (both off)"
         )
-    off.update(_capacity_mode(cfg))
     return off
 
 
-# fairsim-capacity's settings each mode reads (the others go unread)
-CAPACITY_MODE_KEYS = {
-    "max_iterations": ("etalon",),
-    "precision": ("veeksha",),
-    "lower": ("evalscope", "steady_state"),
-    "num_runs": ("evalscope", "steady_state"),
-    "sla_params": ("evalscope", "steady_state"),
-    "number_multiplier": ("evalscope",),
-    "dispatch_gap": ("evalscope",),
-    "client_seed": ("evalscope",),
-}
+def override_key(override: str) -> str:
+    """The key a command-line override sets (`+a.b=1`, `~a.b` and `a.b=1` all set `a.b`)."""
+    return override.lstrip("+~").split("=", 1)[0]
 
 
-def _capacity_mode(cfg: Mapping[str, Any]) -> dict[str, str]:
-    """fairsim-capacity: the settings its mode does not read (EvalScope and steady-state
-    searches judge `sla_params`, not `slos` and their QoE deadlines)."""
-    capacity = cfg.get("capacity")
-    if not capacity:
-        return {}
-    mode = capacity.get("mode")
-    off = {
-        f"capacity.{key}": f"capacity.mode is {mode} (read by {', '.join(modes)})"
-        for key, modes in CAPACITY_MODE_KEYS.items()
-        if mode not in modes
-    }
-    if mode in ("evalscope", "steady_state"):
-        why = f"capacity.mode={mode} judges capacity.sla_params"
-        off.update({"slos": why, "qoe.": why})
-    return off
-
-
-def inert_overrides(cfg: Mapping[str, Any], overrides: Iterable[str]) -> list[str]:
-    """A note for each command-line override of a key `inactive_blocks` leaves unread (the
-    switches themselves, `...enabled=`, are never inert)."""
-    off = inactive_blocks(cfg)
+def inert_overrides(
+    cfg: Mapping[str, Any], overrides: Iterable[str], also: Mapping[str, str] | None = None
+) -> list[str]:
+    """A note for each command-line override of a key `inactive_blocks` leaves unread, or
+    one of `also` (a command's own: prefix -> why); the switches themselves, `...enabled=`,
+    are never inert."""
+    off = {**inactive_blocks(cfg), **(also or {})}
     notes = []
     for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
+        key = override_key(override)
         if key.endswith(".enabled"):
             continue
         for prefix, why in off.items():

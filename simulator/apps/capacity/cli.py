@@ -426,10 +426,46 @@ UNREAD = {
 }
 
 
+# the search settings each mode reads (the others go unread)
+MODE_KEYS = {
+    "max_iterations": ("etalon",),
+    "precision": ("veeksha",),
+    "lower": ("evalscope", "steady_state"),
+    "num_runs": ("evalscope", "steady_state"),
+    "sla_params": ("evalscope", "steady_state"),
+    "number_multiplier": ("evalscope",),
+    "dispatch_gap": ("evalscope",),
+    "client_seed": ("evalscope",),
+}
+
+
+def unread_by_mode(cap: DictConfig) -> dict[str, str]:
+    """The settings this search's mode does not read, each with why (EvalScope and
+    steady-state searches judge `sla_params`, not `slos` and their QoE deadlines): they get a
+    note, not an error (a sweep may vary the mode)."""
+    mode = cap.get("mode")
+    off = {
+        f"capacity.{key}": f"capacity.mode is {mode} (read by {', '.join(modes)})"
+        for key, modes in MODE_KEYS.items()
+        if mode not in modes
+    }
+    if mode in ("evalscope", "steady_state"):
+        why = f"capacity.mode={mode} judges capacity.sla_params"
+        off.update({"slos": why, "qoe.": why})
+    return off
+
+
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="capacity")
 def _main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
-    hydra_jobs.run_job("fairsim-capacity", cfg, out_dir, lambda: _run(cfg, out_dir), unread=UNREAD)
+    hydra_jobs.run_job(
+        "fairsim-capacity",
+        cfg,
+        out_dir,
+        lambda: _run(cfg, out_dir),
+        unread=UNREAD,
+        inert=unread_by_mode(cfg.capacity),
+    )
 
 
 def _run(cfg: DictConfig, out_dir: str) -> None:

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import conf
 from simulator.api.config_check import check_config
-from simulator.api.inert_settings import inert_overrides
+from simulator.api.inert_settings import inert_overrides, override_key
 from simulator.apps.common.command import (
     Interrupted,
     RunFailed,
@@ -60,13 +60,16 @@ def run_job(
     out_dir: str,
     job: Callable[[], None],
     unread: Mapping[str, str] | None = None,
+    inert: Mapping[str, str] | None = None,
 ) -> None:
     """Run one `prog` job in its folder, which says in job.json how it went (running, then
     completed, failed with the error and traceback, or interrupted). Alone, a failure is raised
     for `command.run_command` to report. In a multirun, skip the job if its folder already
     completed this configuration, and record a failure instead of stopping the sweep.
     `unread`: top-level keys of the shared config that `prog` does not read, each with why;
-    setting one on the command line is an input error (`check_unread_keys`)."""
+    setting one on the command line is an input error (`check_unread_keys`). `inert`: key
+    prefixes this configuration of `prog` leaves unread, each with why; setting one gets a
+    note, as the blocks `inert_overrides` knows do."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     # Hydra sends INFO records to stdout: matplotlib's notes (it built its font cache) are
     # not the command's output
@@ -99,7 +102,7 @@ def run_job(
         mark_completed(out_dir, digest)
         # after the run, not before: an input error found while building it is then the one
         # line printed, and a finished run's last lines say what it did not read
-        for note in inert_overrides(cfg, HydraConfig.get().overrides.task):
+        for note in inert_overrides(cfg, HydraConfig.get().overrides.task, inert):
             print(f"{prog}: note: {note}", file=sys.stderr)
 
 
@@ -148,7 +151,7 @@ def check_unread_keys(unread: Mapping[str, str]) -> None:
     """A key the command inherits from config.yaml but never reads, set on its command line
     (`fairsim-serve workload=...`), is refused with why: it would be ignored silently."""
     for override in HydraConfig.get().overrides.task:
-        key = override.lstrip("+~").split("=", 1)[0]
+        key = override_key(override)
         top = re.split(r"[./]", key, maxsplit=1)[0]
         if top in unread:
             raise ConfigError(f"{key}: {unread[top]}")
