@@ -107,6 +107,15 @@ clusters = st.sampled_from(
     FCFS,
     None,
 )
+@example(  # a request arrives during a run of the full batch and its client gives up before
+    # the run ends: the run ends with the step under way then (it was dropped only after the
+    # run, so the next arrival's VTC lift saw its client still waiting)
+    random_trace(seed=4, n=40, clients=2, max_prompt=8, max_output=64, rate=50.0),
+    [1.0, 0.05],
+    VLLMConfig(pool_tokens=2000, max_num_seqs=1),
+    VTC,
+    None,
+)
 def test_fast_forward_gives_the_timeline_of_stepping_with_clients_giving_up(
     tr, cycle, cfg, make_policy, cluster
 ):
@@ -147,6 +156,12 @@ def _busy_trace() -> Trace:
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads, timeouts, slora_engines, st.sampled_from([FCFS, VTC]))
+@example(  # found by hypothesis on a busy machine: as in the vLLM test's second example
+    random_trace(seed=0, n=52, clients=2, max_prompt=8, max_output=64, rate=50.0),
+    [1.0, 0.05],
+    SLoRAConfig(pool_tokens=700, max_wait_tokens=0, batch_max_tokens=300, running_max_req_size=1),
+    VTC,
+)
 def test_the_slora_router_drops_the_same_requests_stepping_or_taking_runs(
     tr, cycle, cfg, make_policy
 ):

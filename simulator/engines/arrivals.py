@@ -9,6 +9,7 @@ order. `ingest(until)` hands every arrival up to `until` (and the horizon) to `d
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -64,6 +65,25 @@ class Arrivals:
                 self._next += 1
             self._update_next_time()
             self.deliver(req, t)
+
+    def first_give_up(self, timeouts: np.ndarray, frontend: float, until: float) -> float:
+        """The earliest time a client of an arrival up to `until` gives up (inf: none): its
+        send (the arrival less `frontend`, as the runner notes it) plus its timeout. A run of
+        steps that takes these arrivals in must end with the step under way then, as stepping
+        drops the request before the next step."""
+        if self.horizon is not None:
+            until = min(until, self.horizon)
+        first = math.inf
+        for t, req in sorted(self._released):  # (a few chained or pushed calls)
+            if t > until or t - frontend >= first:
+                break
+            first = min(first, float(t - frontend + timeouts[req]))
+        i, times, rows = self._next, self._times, self._rows
+        # a deadline is never before its send: past `first`, no later arrival gives up sooner
+        while times[i] <= until and times[i] - frontend < first:
+            first = min(first, float(times[i] - frontend + timeouts[rows[i]]))
+            i += 1
+        return first
 
     def release(self, req: int, t: float) -> None:
         """`req` will arrive at `t` (a chained call whose predecessor ended, or a pushed one)."""

@@ -297,6 +297,11 @@ class Runner:
         if self.coupled:
             self.queued(replica, now)
 
+    def first_give_up(self, replica: int, until: float) -> float:
+        if self.timeouts is None:
+            return np.inf
+        return self._feeds[replica].first_give_up(self.timeouts, self.frontend, until)
+
     def deadline(self, req: int) -> float:
         """When the client of `req` gives up (inf: never), counted from its send."""
         if self.timeouts is None:

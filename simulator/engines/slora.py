@@ -401,8 +401,10 @@ class SLoRAReplica:
                 wait_left=cfg.max_wait_tokens - self.wait_steps,
             )
             # a client giving up ends the run with the step under way then, however long the
-            # router would wait (the next step drops the request)
-            k = min(k, bisect_left(ends, self.next_event()) + 1)
+            # router would wait (the next step drops the request): a waiting one's, or one's
+            # whose request arrives during the run
+            gone = min(self.next_event(), self.host.first_give_up(self.index, ends[k - 1]))
+            k = min(k, bisect_left(ends, gone) + 1)
             ends = ends[:k]
         return DecodePlan(self.now, ends, ends[-1])
 

@@ -198,6 +198,12 @@ class Host(Protocol):
         pull it."""
         ...
 
+    def first_give_up(self, replica: int, until: float) -> float:
+        """When a client of a request reaching this replica by `until` (not yet arrived) first
+        gives up (inf: none does): a run of steps that takes it in ends with the step under way
+        then."""
+        ...
+
     def prefilled(self, replica: int, rows: list[int], now: float) -> None:
         """Disaggregated pools: a prefill replica sampled these requests' first tokens and
         holds their KV for a decode replica."""

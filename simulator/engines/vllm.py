@@ -846,6 +846,11 @@ class VLLMReplica:
         horizon = np.inf if cfg.horizon is None else cfg.horizon
         ends = self._decode_ends(n, n + sum(tokens), k, min(nxt, horizon, frontier))
         k = run_length(ends, next_arrival=nxt, horizon=cfg.horizon, frontier=frontier)
+        if not self.runs_cut:
+            # a request the run takes in whose client gives up meanwhile ends it with the step
+            # under way then (stepping drops it before the next step; a cut run sees it come)
+            gone = self.host.first_give_up(self.index, float(ends[k - 1]))
+            k = min(k, bisect_left(ends, gone) + 1)
         # the run's blocks are taken now, as a step takes its blocks when it is decided: what
         # reads this pool during a run's last step (a decider, a dispatcher) sees what it would
         # see stepping one by one
