@@ -22,7 +22,16 @@ from policies import FCFS, VTC
 from simulator.core.errors import ConfigError
 from simulator.core.requests import COMPLETED, IN_FLIGHT, REJECTED
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
-from traces import InferencePerfWorkload, Trace, TraceError
+from traces import (
+    ClientSpec,
+    ClosedLoop,
+    InferencePerfWorkload,
+    Poisson,
+    SyntheticWorkload,
+    Trace,
+    TraceError,
+    UniformInt,
+)
 
 CONST = ConstantStepCost(prefill=0.1, decode=0.01)
 
@@ -129,6 +138,36 @@ def test_fast_forward_gives_the_timeline_of_stepping_with_clients_giving_up(
     assert on.requests_frame().equals(off.requests_frame())
     for key in on.steps:
         assert np.array_equal(on.steps[key], off.steps[key]), key
+
+
+@pytest.mark.parametrize("engine", [
+    VLLMConfig(pool_tokens=2000, max_num_seqs=2),
+    SLoRAConfig(pool_tokens=700, max_wait_tokens=0, running_max_req_size=1),
+])  # fmt: skip
+@pytest.mark.parametrize("make_policy", [FCFS, VTC])
+def test_closed_loop_users_giving_up_get_the_timeline_of_stepping(engine, make_policy):
+    # each follow-up is sent when its predecessor ends, so most arrive during a run of steps,
+    # and some clients give up before the run ends: 46 of 48 such runs (12 seeds) left
+    # stepping's timeline before runs ended where they do
+    base = SyntheticWorkload(
+        [
+            ClientSpec("a", Poisson(3.0), UniformInt(2, 8), UniformInt(5, 64)),
+            ClientSpec("b", Poisson(1.0), UniformInt(2, 8), UniformInt(5, 64)),
+        ],
+        duration=30.0,
+    )
+    for seed in (0, 1):
+        tr = ClosedLoop(base, users=12, num_requests=60, think_time=0.05, think="exponential")
+        tr = tr.build(seed)
+        tr = dataclasses.replace(tr, client_timeout=np.resize([0.05, 1.0, 0.3], len(tr)))
+        on = simulate(tr, make_policy(), a10g_cost(), engine)
+        off = simulate(
+            tr, make_policy(), a10g_cost(), dataclasses.replace(engine, fast_forward=False)
+        )
+        assert (on.reason == "client_timeout").sum() > 0, "some clients give up"
+        assert on.requests_frame().equals(off.requests_frame())
+        for key in on.steps:
+            assert np.array_equal(on.steps[key], off.steps[key]), key
 
 
 def test_replicas_sharing_one_queue_drop_a_request_once():

@@ -74,10 +74,9 @@ class Arrivals:
         if self.horizon is not None:
             until = min(until, self.horizon)
         first = math.inf
-        for t, req in sorted(self._released):  # (a few chained or pushed calls)
-            if t > until or t - frontend >= first:
-                break
-            first = min(first, float(t - frontend + timeouts[req]))
+        for t, req in self._released:  # (chained or pushed calls, in heap order)
+            if t <= until:
+                first = min(first, float(t - frontend + timeouts[req]))
         i, times, rows = self._next, self._times, self._rows
         # a deadline is never before its send: past `first`, no later arrival gives up sooner
         while times[i] <= until and times[i] - frontend < first:
