@@ -143,6 +143,25 @@ def test_scheduler_is_asked_every_step_after_the_wait():
     assert tl.admitted_at[1] == pytest.approx(0.26)
 
 
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_a_full_batch_is_not_offered_to_the_scheduler(fast_forward):
+    # one running request at most (running_max_req_size=1) and the scheduler asked every step
+    # (max_wait_tokens=0): as S-LoRA's generate_new_batch returns at once on a full batch, the
+    # policy picks at 0 (A, admitted; then B, which does not fit) and once A has finished (B),
+    # never while A decodes (a stateful pick such as DRR's refills made stepping and runs differ)
+    picks = []
+
+    class CountingFCFS(FCFS):
+        def pick(self, queue, now):
+            picks.append(now)
+            return super().pick(queue, now)
+
+    cfg = SLoRAConfig(max_wait_tokens=0, running_max_req_size=1, fast_forward=fast_forward)
+    tl = simulate(trace([0.0, 0.0], [10, 10], [30, 5]), CountingFCFS(), CONST, cfg)
+    assert (tl.status == COMPLETED).all()
+    assert picks == pytest.approx([0.0, 0.0, tl.finished_at[0]])
+
+
 @pytest.mark.slow
 def test_mdl_queue_mean_wait_matches_pollaczek_khinchine():
     """One request at a time, deterministic service S, Poisson arrivals: an M/D/1 queue.

@@ -191,6 +191,20 @@ def test_fast_forward_is_bit_identical_with_stateful_policies(tr, make, pool):
         pd.testing.assert_frame_equal(fast.counters, slow.counters)
 
 
+@pytest.mark.parametrize("seed", [7, 8])
+@pytest.mark.parametrize("running_max", [1, 3])
+def test_drr_runs_like_stepping_when_the_batch_is_full(seed, running_max):
+    # DRR's pick refills credits: stepping used to ask it at every step of a full batch, runs
+    # did not (these seeds differed before the router stopped asking on a full batch)
+    tr = random_trace(seed=seed, n=50, clients=3, max_prompt=64, max_output=64, rate=50.0)
+    cfg = SLoRAConfig(pool_tokens=2000, max_wait_tokens=0, running_max_req_size=running_max)
+    fast, slow = DRR(quantum=50.0), DRR(quantum=50.0)
+    on = simulate(tr, fast, a10g_cost(), cfg)
+    off = simulate(tr, slow, a10g_cost(), replace(cfg, fast_forward=False))
+    assert on.requests_frame().equals(off.requests_frame())
+    np.testing.assert_array_equal(fast.credit, slow.credit)
+
+
 def test_unknown_weight_client_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown client 'zz'"):
         simulate(overload(20), VTC(weights={"zz": 2.0}), a10g_cost(), SLoRAConfig())

@@ -306,6 +306,8 @@ class SLoRAReplica:
         """Ask the policy for requests until one does not fit (then stop: no look-ahead)."""
         policy, queue, now = self.policy, self.queue, self.now
         batch: list[int] = []
+        if self.running.shape[0] >= self.cfg.running_max_req_size:
+            return batch  # a full batch: the router does not ask the scheduler (S-LoRA's rule)
         tokens = 0
         if self._fit is None:
             rows = self.running
