@@ -23,8 +23,18 @@ class ModelSpec:
     Dense models have `experts` 0. A mixture-of-experts model has `experts` expert MLPs of
     `expert_intermediate` width in every `moe_layer_step`-th layer (the others keep a dense MLP
     of `intermediate` width), `experts_per_token` of them active per token, plus
-    `shared_experts` always active. `dtype_bytes` is the weights' storage (2: fp16/bf16, 1:
-    fp8); `kv_dtype_bytes` the KV cache's (vLLM's `kv_cache_dtype=auto` keeps it 16-bit)."""
+    `shared_experts` always active (DeepSeek: the first `dense_layers_first` layers are dense,
+    the rest MoE). `dtype_bytes` is the weights' storage (2: fp16/bf16, 1: fp8), and
+    `expert_bytes` the routed experts' where they are narrower (gpt-oss's mxfp4: 4 bits and a
+    shared 8-bit scale per 32, 0.53125 bytes; computed at the 16-bit rate); `kv_dtype_bytes`
+    the KV cache's (vLLM's `kv_cache_dtype=auto` keeps it 16-bit).
+
+    Multi-head latent attention (DeepSeek-V2/V3: `kv_lora_rank` > 0) caches per token and layer
+    one latent of `kv_lora_rank` plus a rotary key of `qk_rope_head_dim`, shared by the heads:
+    vLLM keeps a whole copy on every tensor-parallel GPU (`kv_copies`). Its heads attend with
+    keys of `qk_nope_head_dim + qk_rope_head_dim` and values of `v_head_dim`. Layers of
+    `sliding_layers` attend to a short window (gpt-oss, Gemma 3): their KV, bounded by the
+    window, is not counted per token, nor are their attention pairs."""
 
     name: str
     layers: int
@@ -43,6 +53,14 @@ class ModelSpec:
     moe_layer_step: int = 1  # every n-th layer is a MoE layer (Llama 4: 2 for Maverick)
     tied_embeddings: bool = False  # the output head is the input embedding
     kv_dtype_bytes: int = 2
+    dense_layers_first: int = 0  # DeepSeek's first_k_dense_replace
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention
+    q_lora_rank: int = 0  # latent attention's query compression (0: none)
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    sliding_layers: int = 0
+    expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: dtype_bytes)
 
     def __post_init__(self) -> None:
         for key in (
@@ -71,17 +89,62 @@ class ModelSpec:
             raise CostModelError(
                 f"model {self.name!r}: experts_per_token must be in 1..experts ({self.experts})"
             )
+        for key in ("dense_layers_first", "q_lora_rank", "sliding_layers", "kv_lora_rank"):
+            v = getattr(self, key)
+            if int(v) != v or v < 0:
+                raise CostModelError(f"model {self.name!r}: {key} must be an integer >= 0")
+        if self.dense_layers_first >= self.layers or self.sliding_layers >= self.layers:
+            raise CostModelError(
+                f"model {self.name!r}: dense_layers_first and sliding_layers must be below "
+                f"layers ({self.layers})"
+            )
+        if not self.expert_bytes >= 0:
+            raise CostModelError(f"model {self.name!r}: expert_bytes must be >= 0")
+        if self.kv_lora_rank and not (self.qk_rope_head_dim > 0 and self.v_head_dim > 0):
+            raise CostModelError(
+                f"model {self.name!r}: latent attention (kv_lora_rank) needs qk_rope_head_dim "
+                "and v_head_dim >= 1"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.head_dim_override or self.hidden // self.heads
 
     @property
+    def latent(self) -> bool:
+        """Multi-head latent attention (DeepSeek)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_params(self) -> int:
-        """One layer's attention projections: Q and O (heads x head_dim) and K, V (kv_heads)."""
+        """One layer's attention projections: Q and O (heads x head_dim) and K, V (kv_heads);
+        with latent attention, the down- and up-projections of the query (through
+        `q_lora_rank`, when given) and of the keys and values (through `kv_lora_rank`)."""
+        if self.latent:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q_rank, heads = self.q_lora_rank, self.heads
+            q = q_rank * (self.hidden + heads * qk) if q_rank else self.hidden * heads * qk
+            kv_down = self.hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+            kv_up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv_down + kv_up + heads * self.v_head_dim * self.hidden
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
         return self.hidden * (q + 2 * kv) + q * self.hidden
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers attending to the whole context (not a sliding window)."""
+        return self.layers - self.sliding_layers
+
+    @property
+    def pair_flops(self) -> int:
+        """FLOPs of one (query, key) pair in one layer: the scores over the keys' width and the
+        weighted sum over the values', for every head (4 x heads x head_dim for plain
+        attention; latent attention as vLLM computes a prefill, keys and values expanded)."""
+        if self.latent:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            return 2 * self.heads * (qk + self.v_head_dim)
+        return 4 * self.heads * self.head_dim
 
     def _mlp_params(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * width
@@ -93,7 +156,7 @@ class ModelSpec:
 
     @property
     def moe_layers(self) -> int:
-        return self.layers // self.moe_layer_step if self.experts else 0
+        return (self.layers - self.dense_layers_first) // self.moe_layer_step if self.experts else 0
 
     @property
     def layer_params(self) -> int:
@@ -133,6 +196,9 @@ class ModelSpec:
         )
         dense = self.attention_params + self._mlp_params(self.intermediate)
         params = self.moe_layers * moe + (self.layers - self.moe_layers) * dense
+        if self.expert_bytes:  # the routed experts stored narrower than the rest (mxfp4)
+            routed = self.moe_layers * touched * self.expert_params
+            return (params - routed) * float(self.dtype_bytes) + routed * self.expert_bytes
         return params * float(self.dtype_bytes)
 
     @property
@@ -143,12 +209,24 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
+        if self.expert_bytes and self.experts:
+            routed = self.moe_layers * self.experts * self.expert_params
+            return int((self.params - routed) * self.dtype_bytes + routed * self.expert_bytes)
         return self.params * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Keys and values of one token over every layer."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+        """Keys and values of one token over every layer attending to the whole context (with
+        latent attention: its latent and rotary key)."""
+        if self.latent:
+            width = self.kv_lora_rank + self.qk_rope_head_dim
+            return self.attention_layers * width * self.kv_dtype_bytes
+        return 2 * self.attention_layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    def kv_copies(self, tp: int) -> int:
+        """Copies of each token's KV over `tp` tensor-parallel GPUs: one, split by heads; with
+        latent attention, one on every GPU (the latent is shared by the heads)."""
+        return tp if self.latent else 1
 
 
 @dataclass(frozen=True)
@@ -210,9 +288,10 @@ MODELS = {
 }
 
 # Dense tensor throughput and memory bandwidth from the vendors' datasheets (NVIDIA H100 SXM,
-# A100 80GB SXM, L40S, the Ada architecture whitepaper for the RTX 4090, RTX PRO 6000
-# Blackwell); memory as CUDA reports it where that differs from the label (the 4090's 24 GB:
-# 25.25e9 bytes; L40S 46,068 MiB; RTX PRO 6000 97,887 MiB). Links: NVLink per direction, or
+# H200 SXM: the H100's compute with 141 GB of HBM3e at 4.8 TB/s; A100 80GB SXM, L40S, the Ada
+# architecture whitepaper for the RTX 4090, RTX PRO 6000 Blackwell); memory as CUDA reports it
+# where that differs from the label (the 4090's 24 GB: 25.25e9 bytes; L40S 46,068 MiB; H200
+# 143,771 MiB; RTX PRO 6000 97,887 MiB). Links: NVLink per direction, or
 # PCIe (Gen4 x16 32 GB/s, Gen5 64 GB/s) for cards without NVLink. The RTX 4090's bf16 rate is
 # with fp32 accumulation (165 TFLOP/s; 330 with fp16 accumulation, which vLLM does not use).
 GPUS = {
@@ -221,6 +300,7 @@ GPUS = {
         GPUSpec("a10g", 24 * GIB, 600e9, 125e12),
         GPUSpec("a100-80gb", 80 * GIB, 2.0e12, 312e12, link_bandwidth=300e9),
         GPUSpec("h100", 80 * GIB, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12),
+        GPUSpec("h200", 143771 * 2**20, 4.8e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12),
         GPUSpec("l40s", 46068 * 2**20, 864e9, 362e12, link_bandwidth=32e9, fp8_flops=733e12),
         GPUSpec("rtx-4090", 25.25e9, 1008e9, 165e12, link_bandwidth=32e9, fp8_flops=330e12),
         GPUSpec(

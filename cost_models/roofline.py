@@ -5,8 +5,9 @@ token attends to, and the output head for each request that samples a token. Eac
 the longer of its compute time (FLOPs / (peak * compute_efficiency)) and its memory time
 (bytes / (bandwidth * memory_efficiency)); the parts add up (they run one after another):
 - matrix products: 2 * layer_params * layers * T FLOPs; every weight read once;
-- attention: 4 * hidden * layers FLOPs per (query, key) pair; the keys' and values' bytes read
-  and the new tokens' written;
+- attention: 4 * heads * head_dim FLOPs per (query, key) pair and layer attending to the whole
+  context (`ModelSpec.pair_flops`); the keys' and values' bytes read and the new tokens' written
+  (latent attention: its latent, a copy on every GPU);
 - output head: 2 * hidden * vocab FLOPs per sampling request, its weights read once;
 - tensor parallelism (tp GPUs): compute and bytes split tp ways, plus two all-reduces of
   T * hidden values per layer (ring: 2 (tp - 1) / tp of the data over the link, plus latency);
@@ -56,12 +57,11 @@ class RooflineCost:
         if self.tp > 1 and not self.gpu_spec.link_bandwidth > 0:
             raise CostModelError(f"gpu {self.gpu_spec.name!r} has no link bandwidth for tp > 1")
         m, g = self.model_spec, self.gpu_spec
+        kv_bytes = m.kv_bytes_per_token * m.kv_copies(self.tp)  # over the GPUs together
         rates = (
-            4.0
-            * m.hidden
-            * m.layers
+            float(m.pair_flops * m.attention_layers)
             / (self.tp * g.flops_for(m.dtype_bytes) * self.compute_efficiency),
-            m.kv_bytes_per_token / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
+            kv_bytes / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
         )
         object.__setattr__(self, "_rates", rates)
         object.__setattr__(self, "_terms", {})
@@ -94,9 +94,9 @@ class RooflineCost:
         """Attention over `pairs` (query, key) pairs, reading `kv_read` tokens' keys and values
         and writing `kv_written` tokens'."""
         m = self.model_spec
-        flops = 4.0 * m.hidden * m.layers * np.asarray(pairs, dtype=np.float64)
+        flops = float(m.pair_flops * m.attention_layers) * np.asarray(pairs, dtype=np.float64)
         tokens = np.asarray(kv_read, dtype=np.float64) + np.asarray(kv_written, dtype=np.float64)
-        return self._roof(flops, tokens * m.kv_bytes_per_token)
+        return self._roof(flops, tokens * (m.kv_bytes_per_token * m.kv_copies(self.tp)))
 
     def head_time(self, requests: float | np.ndarray) -> np.ndarray:
         m = self.model_spec
@@ -196,7 +196,7 @@ class RooflineCost:
                 f"{m.name} ({m.weight_bytes / 1024**3:.1f} GiB of weights) does not fit on "
                 f"{self.tp} x {g.name} with memory_utilization={memory_utilization}"
             )
-        return int(free // (m.kv_bytes_per_token / self.tp))
+        return int(free // (m.kv_bytes_per_token * m.kv_copies(self.tp) / self.tp))
 
 
 # vLLM's memory beside weights and KV, per GPU (`vllm_reserve`): the CUDA context, cuBLAS and NCCL

@@ -71,8 +71,104 @@ def test_head_dim_fp8_and_llama4_text_config_are_read():
         model_from_hf_config(qwen3, "x", dtype="int4")
 
 
+# the shape fields of published config.json files (Hugging Face: deepseek-ai/DeepSeek-V3,
+# deepseek-ai/DeepSeek-V2-Lite, openai/gpt-oss-120b)
+DEEPSEEK_V3 = {
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 129280, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"},
+}  # fmt: skip
+DEEPSEEK_V2_LITE = {
+    **DEEPSEEK_V3, "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
+    "num_experts_per_tok": 6, "first_k_dense_replace": 1, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": None,
+    "vocab_size": 102400, "quantization_config": None,
+}  # fmt: skip
+GPT_OSS_120B = {
+    "hidden_size": 2880, "intermediate_size": 2880, "num_local_experts": 128,
+    "experts_per_token": 4, "num_hidden_layers": 36, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 18, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "mxfp4"},
+}  # fmt: skip
+
+
+def active_params(m):
+    """Weights one token goes through: the layers' active ones and the output head."""
+    return m.layer_params * m.layers + m.vocab * m.hidden
+
+
+def test_deepseek_latent_attention_and_experts_give_the_published_sizes_and_kv_bytes():
+    v3 = model_from_hf_config(DEEPSEEK_V3, "deepseek-v3")
+    # DeepSeek-V3 technical report: 671B parameters, 37B activated per token
+    assert v3.params == pytest.approx(671e9, rel=0.002)
+    assert active_params(v3) == pytest.approx(37e9, rel=0.02)
+    assert v3.moe_layers == 58 and v3.dtype_bytes == 1  # 3 dense layers first; fp8 weights
+    # the cache holds a latent of 512 and a rotary key of 64 per layer, 16-bit
+    assert v3.kv_bytes_per_token == 61 * (512 + 64) * 2
+    # heads attend with keys of 128 + 64 and values of 128
+    assert v3.pair_flops == 2 * 128 * (192 + 128)
+    lite = model_from_hf_config(DEEPSEEK_V2_LITE, "deepseek-v2-lite")
+    # DeepSeek-V2-Lite's model card: 15.7B parameters, 2.4B activated
+    assert lite.params == pytest.approx(15.7e9, rel=0.005)
+    assert active_params(lite) == pytest.approx(2.4e9, rel=0.03)
+    assert lite.kv_bytes_per_token == 27 * (512 + 64) * 2
+    with pytest.raises(CostModelError, match="config.json has no v_head_dim"):
+        model_from_hf_config({k: v for k, v in DEEPSEEK_V3.items() if k != "v_head_dim"}, "x")
+
+
+def test_a_latent_kv_cache_is_whole_on_every_gpu_so_deepseek_v3_needs_h200s(tmp_path):
+    path = tmp_path / "DeepSeek-V3" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(DEEPSEEK_V3))
+    # 671B fp8 weights are 84 GB per GPU over eight: more than an H100 has
+    with pytest.raises(CostModelError, match="DeepSeek-V3 .* does not fit on 8 x h100"):
+        RooflineCost(model=str(path), gpu="h100", tp=8).kv_capacity_tokens(0.9)
+    cost = RooflineCost(model=str(path), gpu="h200", tp=8)
+    m, free = cost.model_spec, 0.9 * GPUS["h200"].memory_bytes - 2.0 * 1024**3
+    free -= m.weight_bytes / 8
+    # every GPU holds each token's latent: the pool is what one GPU's free memory holds
+    assert cost.kv_capacity_tokens(0.9) == int(free // m.kv_bytes_per_token)
+    plain = RooflineCost(model="llama-3.1-70b", gpu="h200", tp=8)
+    spec = plain.model_spec
+    free = 0.9 * GPUS["h200"].memory_bytes - 2.0 * 1024**3 - spec.weight_bytes / 8
+    assert plain.kv_capacity_tokens(0.9) == int(free // (spec.kv_bytes_per_token / 8))
+
+
+def test_gpt_oss_keeps_its_mxfp4_experts_narrow_and_its_window_layers_out_of_the_kv():
+    m = model_from_hf_config(GPT_OSS_120B, "gpt-oss-120b")
+    # OpenAI's model card: 116.8B parameters, 5.1B active, runs within 80 GB of memory
+    assert m.params == pytest.approx(116.8e9, rel=0.002)
+    assert active_params(m) == pytest.approx(5.1e9, rel=0.01)
+    routed = m.moe_layers * m.experts * m.expert_params
+    assert m.weight_bytes == int((m.params - routed) * 2 + routed * 0.53125) < 80e9
+    assert RooflineCost(model=m, gpu="h100").kv_capacity_tokens(0.9) > 0
+    # a step reads the experts its tokens route to at 4.25 bits a weight, the rest at 16
+    assert m.layer_bytes_read(4096.0) - m.layer_bytes_read(1.0) == pytest.approx(
+        124 * m.moe_layers * m.expert_params * 0.53125, rel=1e-3
+    )
+    # half the layers attend to a 128-token window: only the 18 others count per token
+    assert m.attention_layers == 18 and m.kv_bytes_per_token == 18 * 2 * 8 * 64 * 2
+    wide = model_from_hf_config(GPT_OSS_120B, "g", dtype="bf16")  # dtype= sets every weight
+    assert wide.expert_bytes == 0 and wide.weight_bytes == 2 * wide.params
+
+
+def test_attention_counts_the_heads_width_where_it_differs_from_the_hidden_size():
+    m = MODELS["qwen3-30b-a3b"]  # 32 heads of 128 over a hidden size of 2048
+    assert m.pair_flops == 4 * 32 * 128
+    cost = RooflineCost(model="qwen3-30b-a3b", gpu="h100")
+    pairs = 1e12  # compute bound
+    expected = 4 * 32 * 128 * 48 * pairs / (GPUS["h100"].peak_flops * cost.compute_efficiency)
+    assert float(cost.attention_time(pairs, 0.0, 0.0)) == pytest.approx(expected, rel=1e-12)
+
+
 def test_the_gpus_carry_their_datasheet_figures_and_fp8_doubles_the_rate_where_it_exists():
-    for name in ("h100", "a100-80gb", "l40s", "rtx-4090", "rtx-pro-6000"):
+    for name in ("h100", "h200", "a100-80gb", "l40s", "rtx-4090", "rtx-pro-6000"):
         assert name in GPUS
     assert GPUS["h100"].flops_for(1) == pytest.approx(2 * GPUS["h100"].flops_for(2), rel=0.001)
     assert GPUS["a100-80gb"].flops_for(1) == GPUS["a100-80gb"].peak_flops  # no fp8 units
