@@ -91,12 +91,11 @@ class FittedCost(RooflineCost):
         object.__setattr__(self, "beta", beta)
         m, g = self.model_spec, self.gpu_spec
         peak, bw = self.tp * g.flops_for(m.dtype_bytes), self.tp * g.hbm_bandwidth
-        kv_bytes = m.kv_bytes_per_token * m.kv_copies(self.tp)  # over the GPUs together
         # seconds per (query, key) pair and per KV token read, times their coefficient
         object.__setattr__(
             self,
             "_attention",
-            (beta["attention"] * m.pair_flops * m.attention_layers / peak, kv_bytes / bw),
+            (beta["attention"] * m.attention_pair_flops / peak, m.kv_bytes_over(self.tp) / bw),
         )
         object.__setattr__(self, "_counts", {})
         # timed by this class, whatever a subclass records of the run's steps
@@ -124,10 +123,9 @@ class FittedCost(RooflineCost):
         weights = (m.layer_bytes_read(t) + head * m.dtype_bytes) / bw
         flops = 2.0 * m.layer_params * m.layers * t + 2.0 * head * r
         beyond = np.maximum(flops / peak - weights, 0.0)  # compute not hidden under the reads
-        pair_flops = float(m.pair_flops * m.attention_layers)
         attention = np.maximum(
-            pair_flops * np.asarray(pairs, dtype=np.float64) / peak,
-            np.asarray(kv_tokens, dtype=np.float64) * (m.kv_bytes_per_token * m.kv_copies(tp)) / bw,
+            float(m.attention_pair_flops) * np.asarray(pairs, dtype=np.float64) / peak,
+            np.asarray(kv_tokens, dtype=np.float64) * m.kv_bytes_over(tp) / bw,
         )
         ring = np.zeros_like(t)
         calls = 0.0

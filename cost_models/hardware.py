@@ -146,6 +146,11 @@ class ModelSpec:
             return 2 * self.heads * (qk + self.v_head_dim)
         return 4 * self.heads * self.head_dim
 
+    @property
+    def attention_pair_flops(self) -> int:
+        """FLOPs of one (query, key) pair over every layer attending to the whole context."""
+        return self.pair_flops * self.attention_layers
+
     def _mlp_params(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * width
 
@@ -227,6 +232,10 @@ class ModelSpec:
         """Copies of each token's KV over `tp` tensor-parallel GPUs: one, split by heads; with
         latent attention, one on every GPU (the latent is shared by the heads)."""
         return tp if self.latent else 1
+
+    def kv_bytes_over(self, tp: int) -> int:
+        """KV bytes of one token over `tp` tensor-parallel GPUs together (`kv_copies` of it)."""
+        return self.kv_bytes_per_token * self.kv_copies(tp)
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,10 @@ class RooflineCost:
         if self.tp > 1 and not self.gpu_spec.link_bandwidth > 0:
             raise CostModelError(f"gpu {self.gpu_spec.name!r} has no link bandwidth for tp > 1")
         m, g = self.model_spec, self.gpu_spec
-        kv_bytes = m.kv_bytes_per_token * m.kv_copies(self.tp)  # over the GPUs together
         rates = (
-            float(m.pair_flops * m.attention_layers)
+            float(m.attention_pair_flops)
             / (self.tp * g.flops_for(m.dtype_bytes) * self.compute_efficiency),
-            kv_bytes / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
+            m.kv_bytes_over(self.tp) / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
         )
         object.__setattr__(self, "_rates", rates)
         object.__setattr__(self, "_terms", {})
@@ -94,9 +93,9 @@ class RooflineCost:
         """Attention over `pairs` (query, key) pairs, reading `kv_read` tokens' keys and values
         and writing `kv_written` tokens'."""
         m = self.model_spec
-        flops = float(m.pair_flops * m.attention_layers) * np.asarray(pairs, dtype=np.float64)
+        flops = float(m.attention_pair_flops) * np.asarray(pairs, dtype=np.float64)
         tokens = np.asarray(kv_read, dtype=np.float64) + np.asarray(kv_written, dtype=np.float64)
-        return self._roof(flops, tokens * (m.kv_bytes_per_token * m.kv_copies(self.tp)))
+        return self._roof(flops, tokens * m.kv_bytes_over(self.tp))
 
     def head_time(self, requests: float | np.ndarray) -> np.ndarray:
         m = self.model_spec
@@ -196,7 +195,7 @@ class RooflineCost:
                 f"{m.name} ({m.weight_bytes / 1024**3:.1f} GiB of weights) does not fit on "
                 f"{self.tp} x {g.name} with memory_utilization={memory_utilization}"
             )
-        return int(free // (m.kv_bytes_per_token * m.kv_copies(self.tp) / self.tp))
+        return int(free // (m.kv_bytes_over(self.tp) / self.tp))
 
 
 # vLLM's memory beside weights and KV, per GPU (`vllm_reserve`): the CUDA context, cuBLAS and NCCL

@@ -134,10 +134,13 @@ def test_a_latent_kv_cache_is_whole_on_every_gpu_so_deepseek_v3_needs_h200s(tmp_
     free -= m.weight_bytes / 8
     # every GPU holds each token's latent: the pool is what one GPU's free memory holds
     assert cost.kv_capacity_tokens(0.9) == int(free // m.kv_bytes_per_token)
+    # and a step reads eight latents per token of context, one on each GPU
+    assert m.kv_bytes_over(8) == 8 * m.kv_bytes_per_token
     plain = RooflineCost(model="llama-3.1-70b", gpu="h200", tp=8)
     spec = plain.model_spec
     free = 0.9 * GPUS["h200"].memory_bytes - 2.0 * 1024**3 - spec.weight_bytes / 8
     assert plain.kv_capacity_tokens(0.9) == int(free // (spec.kv_bytes_per_token / 8))
+    assert spec.kv_bytes_over(8) == spec.kv_bytes_per_token  # split by heads: one copy
 
 
 def test_gpt_oss_keeps_its_mxfp4_experts_narrow_and_its_window_layers_out_of_the_kv():
@@ -154,6 +157,7 @@ def test_gpt_oss_keeps_its_mxfp4_experts_narrow_and_its_window_layers_out_of_the
     )
     # half the layers attend to a 128-token window: only the 18 others count per token
     assert m.attention_layers == 18 and m.kv_bytes_per_token == 18 * 2 * 8 * 64 * 2
+    assert m.attention_pair_flops == 18 * 4 * 64 * 64  # 64 heads of 64, the 18 layers
     wide = model_from_hf_config(GPT_OSS_120B, "g", dtype="bf16")  # dtype= sets every weight
     assert wide.expert_bytes == 0 and wide.weight_bytes == 2 * wide.params
 
