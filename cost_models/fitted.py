@@ -90,7 +90,7 @@ class FittedCost(RooflineCost):
     def _use(self, beta: dict[str, float], frontend: float, frontend_steps: float = 0.0) -> None:
         object.__setattr__(self, "beta", beta)
         m, g = self.model_spec, self.gpu_spec
-        peak, bw = self.tp * g.flops_for(m.dtype_bytes), self.tp * g.hbm_bandwidth
+        peak, bw = self.tp * g.flops_for(m.compute), self.tp * g.hbm_bandwidth
         # seconds per (query, key) pair and per KV token read, times their coefficient
         object.__setattr__(
             self,
@@ -116,7 +116,7 @@ class FittedCost(RooflineCost):
         included) over `pairs` (query, key) pairs: seconds at datasheet rates, counts for the
         last three."""
         m, g, tp = self.model_spec, self.gpu_spec, self.tp
-        peak, bw = tp * g.flops_for(m.dtype_bytes), tp * g.hbm_bandwidth
+        peak, bw = tp * g.flops_for(m.compute), tp * g.hbm_bandwidth
         t = np.asarray(tokens, dtype=np.float64)
         r = np.asarray(requests, dtype=np.float64)
         head = m.vocab * m.hidden

@@ -14,6 +14,7 @@ import numpy as np
 from cost_models.base import CostModelError
 
 GIB = 1024**3
+COMPUTE_FORMATS = ("16-bit", "fp8", "int8")
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,14 @@ class ModelSpec:
     `expert_intermediate` width in every `moe_layer_step`-th layer (the others keep a dense MLP
     of `intermediate` width), `experts_per_token` of them active per token, plus
     `shared_experts` always active (DeepSeek: the first `dense_layers_first` layers are dense,
-    the rest MoE). `dtype_bytes` is the weights' storage (2: fp16/bf16, 1: fp8), and
-    `expert_bytes` the routed experts' where they are narrower (gpt-oss's mxfp4: 4 bits and a
-    shared 8-bit scale per 32, 0.53125 bytes; computed at the 16-bit rate); `kv_dtype_bytes`
-    the KV cache's (vLLM's `kv_cache_dtype=auto` keeps it 16-bit).
+    the rest MoE). `dtype_bytes` is the unquantized weights' storage (2: fp16/bf16):
+    the embeddings, the output head, and the decoder layers' linear weights unless
+    `linear_bytes` says they are quantized (bytes per weight, scales included: 1 for fp8 or
+    int8, about 0.52 for 4-bit AWQ/GPTQ); `compute` is the number format the matrix products
+    run in (`16-bit`, `fp8` or `int8`: the GPU's rate for it). `expert_bytes` is the routed
+    experts' storage where narrower still (gpt-oss's mxfp4: 4 bits and a shared 8-bit scale
+    per 32, 0.53125 bytes; computed at the 16-bit rate); `kv_dtype_bytes` the KV cache's
+    (vLLM's `kv_cache_dtype=auto` keeps it 16-bit, `fp8` one byte).
 
     Multi-head latent attention (DeepSeek-V2/V3: `kv_lora_rank` > 0) caches per token and layer
     one latent of `kv_lora_rank` plus a rotary key of `qk_rope_head_dim`, shared by the heads:
@@ -60,7 +65,9 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     sliding_layers: int = 0
-    expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: dtype_bytes)
+    expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
+    linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
+    compute: str = "16-bit"  # the matrix products' format: one of COMPUTE_FORMATS
 
     def __post_init__(self) -> None:
         for key in (
@@ -98,13 +105,23 @@ class ModelSpec:
                 f"model {self.name!r}: dense_layers_first and sliding_layers must be below "
                 f"layers ({self.layers})"
             )
-        if not self.expert_bytes >= 0:
-            raise CostModelError(f"model {self.name!r}: expert_bytes must be >= 0")
+        if not (self.expert_bytes >= 0 and self.linear_bytes >= 0):
+            raise CostModelError(f"model {self.name!r}: expert_bytes and linear_bytes must be >= 0")
+        if self.compute not in COMPUTE_FORMATS:
+            raise CostModelError(
+                f"model {self.name!r}: compute={self.compute!r}; accepted: "
+                f"{', '.join(COMPUTE_FORMATS)}"
+            )
         if self.kv_lora_rank and not (self.qk_rope_head_dim > 0 and self.v_head_dim > 0):
             raise CostModelError(
                 f"model {self.name!r}: latent attention (kv_lora_rank) needs qk_rope_head_dim "
                 "and v_head_dim >= 1"
             )
+
+    @property
+    def linear_width(self) -> float:
+        """Bytes per decoder-layer linear weight."""
+        return self.linear_bytes or float(self.dtype_bytes)
 
     @property
     def head_dim(self) -> int:
@@ -191,7 +208,7 @@ class ModelSpec:
         uniform routing (E (1 - (1 - k/E)^T) of E experts)."""
         t = np.asarray(tokens, dtype=np.float64)
         if not self.experts:
-            return np.full_like(t, float(self.layers * self.layer_params * self.dtype_bytes))
+            return np.full_like(t, self.layers * self.layer_params * self.linear_width)
         e, k = self.experts, self.experts_per_token
         touched = e * (1.0 - (1.0 - k / e) ** np.maximum(t, 1.0))
         moe = (
@@ -203,8 +220,8 @@ class ModelSpec:
         params = self.moe_layers * moe + (self.layers - self.moe_layers) * dense
         if self.expert_bytes:  # the routed experts stored narrower than the rest (mxfp4)
             routed = self.moe_layers * touched * self.expert_params
-            return (params - routed) * float(self.dtype_bytes) + routed * self.expert_bytes
-        return params * float(self.dtype_bytes)
+            return (params - routed) * self.linear_width + routed * self.expert_bytes
+        return params * self.linear_width
 
     @property
     def params(self) -> int:
@@ -214,10 +231,14 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
+        """The checkpoint's bytes: the layers' linear weights (the routed experts at
+        `expert_bytes` where set), the embeddings and the head."""
+        routed = 0
         if self.expert_bytes and self.experts:
             routed = self.moe_layers * self.experts * self.expert_params
-            return int((self.params - routed) * self.dtype_bytes + routed * self.expert_bytes)
-        return self.params * self.dtype_bytes
+        unquantized = (self.params - self.stored_layer_params) * self.dtype_bytes
+        linear = (self.stored_layer_params - routed) * self.linear_width
+        return int(linear + unquantized + routed * self.expert_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -246,15 +267,22 @@ class GPUSpec:
     peak_flops: float  # dense bf16 FLOP/s
     link_bandwidth: float = 0.0  # bytes/s per GPU for tensor-parallel all-reduce (0: none)
     fp8_flops: float = 0.0  # dense fp8 FLOP/s (0: no fp8 tensor cores; fp8 weights run at bf16)
+    int8_flops: float = 0.0  # dense int8 OP/s (0: the fp8 rate, else the 16-bit one)
 
     def __post_init__(self) -> None:
         for key in ("memory_bytes", "hbm_bandwidth", "peak_flops"):
             if not getattr(self, key) > 0:
                 raise CostModelError(f"gpu {self.name!r}: {key} must be > 0")
 
-    def flops_for(self, dtype_bytes: int) -> float:
-        """Dense tensor FLOP/s for weights of this width (fp8 where the GPU has fp8 units)."""
-        return self.fp8_flops if dtype_bytes == 1 and self.fp8_flops > 0 else self.peak_flops
+    def flops_for(self, compute: str) -> float:
+        """Dense tensor FLOP/s of matrix products in `compute` (`ModelSpec.compute`): fp8 and
+        int8 at their own rates where the GPU has such units, else at the 16-bit rate (vLLM
+        then dequantizes the weights to 16 bits)."""
+        if compute == "int8":
+            return self.int8_flops or self.fp8_flops or self.peak_flops
+        if compute == "fp8":
+            return self.fp8_flops or self.peak_flops
+        return self.peak_flops
 
 
 def _moe(name: str, layers: int, hidden: int, heads: int, kv: int, width: int, vocab: int,
@@ -303,20 +331,25 @@ MODELS = {
 # 143,771 MiB; RTX PRO 6000 97,887 MiB). Links: NVLink per direction, or
 # PCIe (Gen4 x16 32 GB/s, Gen5 64 GB/s) for cards without NVLink. The RTX 4090's bf16 rate is
 # with fp32 accumulation (165 TFLOP/s; 330 with fp16 accumulation, which vLLM does not use).
+# Dense INT8 tensor rates from the same datasheets (the A10's for the A10G); the RTX PRO 6000's
+# datasheet gives none, so int8 runs at its fp8 rate there.
 GPUS = {
     g.name: g
     for g in (
-        GPUSpec("a10g", 24 * GIB, 600e9, 125e12),
-        GPUSpec("a100-80gb", 80 * GIB, 2.0e12, 312e12, link_bandwidth=300e9),
-        GPUSpec("h100", 80 * GIB, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12),
-        GPUSpec("h200", 143771 * 2**20, 4.8e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12),
-        GPUSpec("l40s", 46068 * 2**20, 864e9, 362e12, link_bandwidth=32e9, fp8_flops=733e12),
-        GPUSpec("rtx-4090", 25.25e9, 1008e9, 165e12, link_bandwidth=32e9, fp8_flops=330e12),
-        GPUSpec(
-            "rtx-pro-6000", 97887 * 2**20, 1792e9, 504e12, link_bandwidth=64e9, fp8_flops=1008e12
-        ),
+        GPUSpec("a10g", 24 * GIB, 600e9, 125e12, int8_flops=250e12),
+        GPUSpec("a100-80gb", 80 * GIB, 2.0e12, 312e12, link_bandwidth=300e9, int8_flops=624e12),
+        GPUSpec("h100", 80 * GIB, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
+                int8_flops=1979e12),
+        GPUSpec("h200", 143771 * 2**20, 4.8e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
+                int8_flops=1979e12),
+        GPUSpec("l40s", 46068 * 2**20, 864e9, 362e12, link_bandwidth=32e9, fp8_flops=733e12,
+                int8_flops=733e12),
+        GPUSpec("rtx-4090", 25.25e9, 1008e9, 165e12, link_bandwidth=32e9, fp8_flops=330e12,
+                int8_flops=660.6e12),
+        GPUSpec("rtx-pro-6000", 97887 * 2**20, 1792e9, 504e12, link_bandwidth=64e9,
+                fp8_flops=1008e12),
     )
-}
+}  # fmt: skip
 
 
 def model_spec(model: str | ModelSpec) -> ModelSpec:

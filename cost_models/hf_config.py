@@ -8,15 +8,16 @@ the expert MLP width (`moe_intermediate_size`), shared experts, Llama 4's interl
 DeepSeek's leading dense layers (`first_k_dense_replace`) for the weights a step reads;
 DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_head_dim`,
 `qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` marks `sliding_attention`;
-`tie_word_embeddings`; the weights' dtype from `torch_dtype` (or `dtype`) and
-`quantization_config` (fp8; gpt-oss's mxfp4 experts), which `dtype=` overrides. An unknown
-architecture still loads when its fields are the usual ones; a missing field is an error
-naming it.
+`tie_word_embeddings`; the weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
+4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
+`dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the
+usual ones; a missing field, or a quantization not modelled, is an error naming it.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,105 @@ from cost_models.base import CostModelError
 from cost_models.hardware import ModelSpec
 
 MXFP4_BYTES = 0.53125  # a 4-bit value and a shared 8-bit scale per 32 values
-DTYPE_BYTES = {"fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp8": 1, "float8": 1}
+GROUP_SIZE = 128  # weights per 16-bit scale of AWQ's and GPTQ's usual 4-bit checkpoints
 
 
-def dtype_bytes(dtype: str, key: str = "cost_model.dtype") -> int:
-    """Bytes per weight for a dtype name (fp16, bf16, fp8)."""
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the decoder layers' linear weights are stored and multiplied: bytes per weight
+    (scales included) and the products' number format (`ModelSpec.compute`). The embeddings
+    and the output head stay 16-bit in every quantized checkpoint vLLM serves."""
+
+    linear_bytes: float
+    compute: str
+
+
+def weight_only(bits: int, group_size: int = GROUP_SIZE) -> WeightFormat:
+    """Weights of `bits` bits with a 16-bit scale per `group_size` of them (-1 or 0: one per
+    output channel, negligible), dequantized to 16-bit products (AWQ, GPTQ, Marlin)."""
+    scales = 2 / group_size if group_size > 0 else 0.0
+    return WeightFormat(bits / 8 + scales, "16-bit")
+
+
+# cost_model.dtype's accepted names: the checkpoint's format, whatever its config.json says
+WEIGHT_FORMATS = {
+    "fp16": WeightFormat(2.0, "16-bit"),
+    "bf16": WeightFormat(2.0, "16-bit"),
+    "fp8": WeightFormat(1.0, "fp8"),  # W8A8 fp8 (16-bit products on GPUs without fp8 units)
+    "int8": WeightFormat(1.0, "int8"),  # W8A8 int8 (SmoothQuant-style)
+    "w8a16": weight_only(8),  # 8-bit weights, 16-bit products (GPTQ 8-bit, fp8 weight-only)
+    "w4a16": weight_only(4),  # 4-bit weights, 16-bit products (AWQ, GPTQ)
+}
+QUANTIZED = [name for name, f in WEIGHT_FORMATS.items() if f.linear_bytes < 2]
+ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "bf16"}
+
+
+def weight_format(dtype: str, key: str = "cost_model.dtype") -> WeightFormat:
+    """The format a dtype name stands for (see WEIGHT_FORMATS; torch's names too: a float32
+    checkpoint is served 16-bit, as vLLM's dtype=auto does)."""
     name = str(dtype).lower().removeprefix("torch.")
-    if name.startswith("float8") or name.startswith("fp8"):
-        return 1
-    if name not in DTYPE_BYTES:
-        raise CostModelError(f"{key}={dtype!r}: accepted: fp16, bf16, fp8")
-    return DTYPE_BYTES[name]
+    if name.startswith("float8"):
+        name = "fp8"
+    name = ALIASES.get(name, name)
+    if name not in WEIGHT_FORMATS:
+        raise CostModelError(f"{key}={dtype!r}: accepted: {', '.join(WEIGHT_FORMATS)}")
+    return WEIGHT_FORMATS[name]
+
+
+def quantized_format(quant: dict[str, Any], name: str) -> WeightFormat | None:
+    """The format a config.json's `quantization_config` gives the linear weights (None: no
+    quantization, or gpt-oss's mxfp4 experts, which `model_from_hf_config` reads itself)."""
+    method = str(quant.get("quant_method", "")).lower().replace("_", "-")
+    where = f"{name}: config.json quantization_config"
+    if not method or method == "mxfp4":
+        return None
+    if "fp8" in method or "fp8" in str(quant.get("fmt", "")).lower():  # fp8, fbgemm_fp8
+        return WEIGHT_FORMATS["fp8"]
+    if method == "modelopt" and str(quant.get("quant_algo", "")).upper() == "FP8":
+        return WEIGHT_FORMATS["fp8"]
+    if method in ("awq", "gptq", "auto-round", "awq-marlin", "gptq-marlin"):
+        bits = int(quant.get("bits") or quant.get("w_bit") or 4)
+        group = int(quant.get("group_size") or quant.get("q_group_size") or GROUP_SIZE)
+        return weight_only(bits, group)
+    if method == "compressed-tensors":
+        return compressed_tensors_format(quant, where)
+    raise CostModelError(
+        f"{where}.quant_method={quant.get('quant_method')!r} is not modelled; accepted: fp8, "
+        "fbgemm_fp8, modelopt (FP8), compressed-tensors (fp8, int8, 8- or 4-bit weight-only), "
+        f"awq, gptq, auto-round, mxfp4; or choose the weights' format with cost_model.dtype "
+        f"({', '.join(QUANTIZED)})"
+    )
+
+
+def compressed_tensors_format(quant: dict[str, Any], where: str) -> WeightFormat:
+    """llm-compressor's scheme: every `config_groups` entry's weights (num_bits, type,
+    group_size) and input activations (8 bits: W8A8; none: weight-only)."""
+    schemes = set()
+    for group in (quant.get("config_groups") or {}).values():
+        weights = (group or {}).get("weights") or {}
+        acts = (group or {}).get("input_activations") or {}
+        schemes.add(
+            (
+                int(weights.get("num_bits") or 16),
+                str(weights.get("type", "int")),
+                int(weights.get("group_size") or 0),
+                int(acts.get("num_bits") or 16),
+            )
+        )
+    if len(schemes) != 1:
+        raise CostModelError(
+            f"{where}: {len(schemes)} schemes in config_groups; one is modelled (or choose "
+            f"one with cost_model.dtype: {', '.join(QUANTIZED)})"
+        )
+    bits, kind, group, act_bits = schemes.pop()
+    if bits == 8 and act_bits == 8:
+        return WEIGHT_FORMATS["fp8" if kind == "float" else "int8"]
+    if bits in (4, 8) and act_bits == 16:
+        return weight_only(bits, group)
+    raise CostModelError(
+        f"{where}: {bits}-bit {kind} weights with {act_bits}-bit activations are not modelled "
+        f"(W8A8, W8A16, W4A16 are); or choose one with cost_model.dtype: {', '.join(QUANTIZED)}"
+    )
 
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
@@ -86,17 +175,18 @@ def model_from_hf_config(
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
     if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
         shared = max(shared, 1)  # Qwen2-MoE's and every Llama 4 MoE layer's shared expert
+    # like vLLM's --dtype, a 16-bit dtype leaves a quantized checkpoint quantized; a quantized
+    # one chooses the weights' format (as --quantization fp8 quantizes a 16-bit checkpoint)
+    forced = weight_format(dtype) if dtype is not None else None
     expert_bytes = 0.0
-    if dtype is None:
+    if forced is not None and forced.linear_bytes < 2:
+        fmt = forced
+    else:
         quant = c.get("quantization_config") or {}
-        method = str(quant.get("quant_method", "")) + str(quant.get("fmt", ""))
-        if experts and "mxfp4" in method.lower():  # gpt-oss: the routed experts only
-            expert_bytes = MXFP4_BYTES
-        dtype = (
-            "fp8"
-            if "fp8" in method.lower()
-            else str(c.get("torch_dtype") or c.get("dtype") or "bf16")
-        )
+        if experts and str(quant.get("quant_method", "")).lower() == "mxfp4":
+            expert_bytes = MXFP4_BYTES  # gpt-oss: the routed experts only
+        checkpoint = str(c.get("torch_dtype") or c.get("dtype") or "bf16")
+        fmt = quantized_format(quant, name) or weight_format(checkpoint, f"{name}: torch_dtype")
     head_dim = c.get("head_dim")
     return ModelSpec(
         name=name,
@@ -106,7 +196,9 @@ def model_from_hf_config(
         kv_heads=int(c.get("num_key_value_heads") or heads),
         intermediate=int(dense_width),
         vocab=int(need("vocab_size")),
-        dtype_bytes=dtype_bytes(dtype),
+        dtype_bytes=2,  # embeddings and head: vLLM serves them 16-bit
+        linear_bytes=fmt.linear_bytes,
+        compute=fmt.compute,
         head_dim_override=int(head_dim) if head_dim and int(head_dim) * heads != hidden else None,
         experts=experts,
         experts_per_token=int(need("num_experts_per_tok", "experts_per_token")) if experts else 0,

@@ -13,9 +13,12 @@ the longer of its compute time (FLOPs / (peak * compute_efficiency)) and its mem
   T * hidden values per layer (ring: 2 (tp - 1) / tp of the data over the link, plus latency);
 - `step_overhead`: the serving loop's own time per step.
 `model` is a preset name (cost_models/hardware.py) or a Hugging Face config.json (a file or its
-folder); `dtype` (fp16, bf16, fp8) overrides the weights' dtype; fp8 weights read half the bytes
-and run at the GPU's fp8 rate where it has one. A mixture-of-experts step reads the experts its
-tokens route to (in expectation under uniform routing) and computes with the active ones.
+folder); `dtype` is fp16 or bf16 (as vLLM's --dtype: a quantized config.json stays quantized)
+or a weight format replacing the config.json's (fp8 and int8: W8A8, a byte per weight, at the
+GPU's fp8 or int8 rate where it has one; w8a16 and w4a16: 8- or 4-bit weights multiplied in 16
+bits); `kv_cache_dtype` is vLLM's (auto: 16-bit; fp8: a byte).
+A mixture-of-experts step reads the experts its tokens route to (in expectation under uniform
+routing) and computes with the active ones.
 A prefill chunk of c new tokens after k cached ones forms c * k + c (c + 1) / 2 pairs; a decode
 token with context L forms L pairs.
 """
@@ -29,7 +32,7 @@ import numpy as np
 
 from cost_models.base import CostModelError, step_shape
 from cost_models.hardware import GIB, GPUSpec, ModelSpec, gpu_spec, model_spec
-from cost_models.hf_config import dtype_bytes, model_from_path
+from cost_models.hf_config import model_from_path, weight_format
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,12 @@ class RooflineCost:
     memory_efficiency: float = 0.8
     step_overhead: float = 0.002
     allreduce_latency: float = 10e-6  # seconds per all-reduce
-    dtype: str | None = None  # the weights' dtype (fp16, bf16, fp8); None: the model's own
+    dtype: str | None = None  # the weights' format (hf_config.WEIGHT_FORMATS); None: the model's
+    kv_cache_dtype: str = "auto"  # vLLM's: auto (the model's 16 bits), fp8, fp8_e4m3, fp8_e5m2
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "model", resolve_model(self.model, self.dtype))
+        model = resolve_model(self.model, self.dtype)
+        object.__setattr__(self, "model", with_kv_cache_dtype(model, self.kv_cache_dtype))
         object.__setattr__(self, "gpu", gpu_spec(self.gpu))
         if int(self.tp) != self.tp or self.tp < 1:
             raise CostModelError(f"cost_model.tp must be an integer >= 1, got {self.tp!r}")
@@ -59,7 +64,7 @@ class RooflineCost:
         m, g = self.model_spec, self.gpu_spec
         rates = (
             float(m.attention_pair_flops)
-            / (self.tp * g.flops_for(m.dtype_bytes) * self.compute_efficiency),
+            / (self.tp * g.flops_for(m.compute) * self.compute_efficiency),
             m.kv_bytes_over(self.tp) / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
         )
         object.__setattr__(self, "_rates", rates)
@@ -76,7 +81,7 @@ class RooflineCost:
     # ---- building blocks ----------------------------------------------------------------
     def _roof(self, flops: float | np.ndarray, nbytes: float | np.ndarray) -> np.ndarray:
         g, m = self.gpu_spec, self.model_spec
-        peak = g.flops_for(m.dtype_bytes)
+        peak = g.flops_for(m.compute)
         compute = np.asarray(flops) / (self.tp * peak * self.compute_efficiency)
         memory = np.asarray(nbytes) / (self.tp * g.hbm_bandwidth * self.memory_efficiency)
         return np.maximum(compute, memory)
@@ -222,5 +227,20 @@ def resolve_model(model: str | ModelSpec, dtype: str | None) -> ModelSpec:
         return model_from_path(model, dtype)
     spec = model_spec(model)
     if dtype is not None:
-        spec = replace(spec, dtype_bytes=dtype_bytes(dtype))
+        fmt = weight_format(dtype)
+        spec = replace(spec, linear_bytes=fmt.linear_bytes, compute=fmt.compute, expert_bytes=0.0)
     return spec
+
+
+# vLLM's kv_cache_dtype values, as bytes per cached value (auto: the model's own)
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def with_kv_cache_dtype(spec: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
+    """The model with vLLM's `kv_cache_dtype` applied to its KV bytes per token."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise CostModelError(
+            f"cost_model.kv_cache_dtype={kv_cache_dtype!r}: accepted: {', '.join(KV_CACHE_DTYPES)}"
+        )
+    width = KV_CACHE_DTYPES[kv_cache_dtype]
+    return spec if width is None else replace(spec, kv_dtype_bytes=width)

@@ -5,9 +5,11 @@ run needs (cost_models/hf_config.py, cost_models/fitted.py, simulator/engines/vl
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from hydra.utils import instantiate
 
 from command_lines import MIXTRAL_CONFIG
 from conftest import shared_file
@@ -15,6 +17,7 @@ from cost_models import GPUS, MODELS, CostModelError, FittedCost, RooflineCost
 from cost_models.hf_config import model_from_hf_config, model_from_path
 from cost_models.roofline import vllm_reserve
 from policies import FCFS
+from simulator.api import compose_config
 from simulator.core.errors import ConfigError
 from simulator.engines import VLLMConfig, simulate
 from traces import Trace
@@ -44,9 +47,12 @@ def test_head_dim_fp8_and_llama4_text_config_are_read():
     assert m.head_dim == 128 and m.kv_bytes_per_token == 2 * 40 * 8 * 128 * 2
     assert m.params == pytest.approx(MODELS["qwen3-14b"].params)
     fp8 = model_from_hf_config({**qwen3, "quantization_config": {"quant_method": "fp8"}}, "q")
-    assert fp8.dtype_bytes == 1 and fp8.weight_bytes * 2 == m.weight_bytes
+    assert fp8.linear_bytes == 1 and fp8.compute == "fp8"
+    # the layers' weights at a byte each; the embeddings and the head stay 16-bit
+    unquantized = 2 * 2 * 151936 * 5120
+    assert fp8.weight_bytes == (m.weight_bytes - unquantized) // 2 + unquantized
     assert fp8.kv_bytes_per_token == m.kv_bytes_per_token  # vLLM keeps a 16-bit KV cache
-    assert model_from_hf_config(qwen3, "q", dtype="fp8").dtype_bytes == 1
+    assert model_from_hf_config(qwen3, "q", dtype="fp8").linear_bytes == 1
     scout = {  # Llama 4 Scout's text_config: 16 routed experts and one shared, every layer
         "text_config": {
             "hidden_size": 5120,
@@ -68,7 +74,7 @@ def test_head_dim_fp8_and_llama4_text_config_are_read():
     with pytest.raises(CostModelError, match="config.json has no vocab_size"):
         model_from_hf_config({k: v for k, v in qwen3.items() if k != "vocab_size"}, "x")
     with pytest.raises(CostModelError, match="cost_model.dtype='int4': accepted: fp16, bf16, fp8"):
-        model_from_hf_config(qwen3, "x", dtype="int4")
+        model_from_hf_config(qwen3, "x", dtype="int4")  # (w4a16 names 4-bit weights)
 
 
 # the shape fields of published config.json files (Hugging Face: deepseek-ai/DeepSeek-V3,
@@ -108,7 +114,7 @@ def test_deepseek_latent_attention_and_experts_give_the_published_sizes_and_kv_b
     # DeepSeek-V3 technical report: 671B parameters, 37B activated per token
     assert v3.params == pytest.approx(671e9, rel=0.002)
     assert active_params(v3) == pytest.approx(37e9, rel=0.02)
-    assert v3.moe_layers == 58 and v3.dtype_bytes == 1  # 3 dense layers first; fp8 weights
+    assert v3.moe_layers == 58 and v3.linear_bytes == 1  # 3 dense layers first; fp8 weights
     # the cache holds a latent of 512 and a rotary key of 64 per layer, 16-bit
     assert v3.kv_bytes_per_token == 61 * (512 + 64) * 2
     # heads attend with keys of 128 + 64 and values of 128
@@ -158,8 +164,112 @@ def test_gpt_oss_keeps_its_mxfp4_experts_narrow_and_its_window_layers_out_of_the
     # half the layers attend to a 128-token window: only the 18 others count per token
     assert m.attention_layers == 18 and m.kv_bytes_per_token == 18 * 2 * 8 * 64 * 2
     assert m.attention_pair_flops == 18 * 4 * 64 * 64  # 64 heads of 64, the 18 layers
-    wide = model_from_hf_config(GPT_OSS_120B, "g", dtype="bf16")  # dtype= sets every weight
-    assert wide.expert_bytes == 0 and wide.weight_bytes == 2 * wide.params
+    # like vLLM's --dtype, a 16-bit dtype keeps the checkpoint's quantization; fp8 replaces it
+    assert model_from_hf_config(GPT_OSS_120B, "g", dtype="bf16") == replace(m, name="g")
+    wide = model_from_hf_config(GPT_OSS_120B, "g", dtype="fp8")
+    # every layer weight at a byte, the embeddings and the head at two
+    assert wide.expert_bytes == 0 and wide.weight_bytes == 2 * m.params - m.stored_layer_params
+
+
+# the shape fields of meta-llama/Llama-3.1-70B's config.json (Hugging Face)
+LLAMA_3_1_70B = {
+    "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "num_hidden_layers": 80, "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def compressed_tensors(weights: dict, activations: dict | None, groups: int = 1) -> dict:
+    """A quantization_config as llm-compressor writes it (`groups` copies of one scheme)."""
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+    return {
+        "quant_method": "compressed-tensors",
+        "config_groups": {f"group_{i}": group for i in range(groups)},
+    }
+
+
+def test_quantized_checkpoints_read_their_weight_format_from_quantization_config():
+    def read(quant: dict) -> object:
+        return model_from_hf_config({**LLAMA_3_1_70B, "quantization_config": quant}, "m")
+
+    base = model_from_hf_config(LLAMA_3_1_70B, "m")
+    embed_and_head = 2 * 128256 * 8192 * 2  # stay 16-bit in every quantized checkpoint
+    awq = read({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
+    # four bits a weight and a 16-bit scale per group of 128, multiplied in 16 bits
+    assert (awq.linear_bytes, awq.compute) == (0.5 + 2 / 128, "16-bit")
+    assert awq.weight_bytes == int(base.stored_layer_params * (0.5 + 2 / 128) + embed_and_head)
+    # a 4-bit 70B model fits one 80 GB GPU with room for a KV pool (about 40 GB of weights)
+    assert 35e9 < awq.weight_bytes < 42e9
+    assert RooflineCost(model=awq, gpu="h100").kv_capacity_tokens(0.9) > 50_000
+    gptq8 = read({"quant_method": "gptq", "bits": 8, "group_size": -1})  # per-channel scales
+    assert (gptq8.linear_bytes, gptq8.compute) == (1.0, "16-bit")
+    fp8 = read({"quant_method": "modelopt", "quant_algo": "FP8"})
+    assert (fp8.linear_bytes, fp8.compute) == (1.0, "fp8")
+    float8 = {"num_bits": 8, "type": "float", "strategy": "channel"}
+    ct_fp8 = read(compressed_tensors(float8, {"num_bits": 8, "type": "float", "dynamic": True}))
+    assert (ct_fp8.linear_bytes, ct_fp8.compute) == (1.0, "fp8")
+    int8 = {"num_bits": 8, "type": "int", "strategy": "channel"}
+    w8a8 = read(compressed_tensors(int8, {"num_bits": 8, "type": "int", "dynamic": True}))
+    assert (w8a8.linear_bytes, w8a8.compute) == (1.0, "int8")
+    int4 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64}
+    w4a16 = read(compressed_tensors(int4, None))
+    assert (w4a16.linear_bytes, w4a16.compute) == (0.5 + 2 / 64, "16-bit")
+    # a quantized cost_model.dtype names the format whatever config.json says (vLLM's
+    # --quantization); a 16-bit one (vLLM's --dtype) leaves a quantized checkpoint as it is
+    forced = model_from_hf_config(LLAMA_3_1_70B, "m", dtype="w4a16")
+    assert forced.linear_bytes == 0.5 + 2 / 128 and forced.weight_bytes < base.weight_bytes / 3
+    awq_config = {**LLAMA_3_1_70B, "quantization_config": {"quant_method": "awq", "bits": 4}}
+    assert model_from_hf_config(awq_config, "m", dtype="bf16") == awq
+
+
+def test_a_quantization_fairsim_does_not_model_is_an_error_naming_it():
+    def read(quant: dict) -> None:
+        model_from_hf_config({**LLAMA_3_1_70B, "quantization_config": quant}, "m")
+
+    bnb = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    with pytest.raises(CostModelError, match="quant_method='bitsandbytes' is not modelled; acc"):
+        read(bnb)
+    chosen = {**LLAMA_3_1_70B, "quantization_config": bnb}
+    assert model_from_hf_config(chosen, "m", dtype="w4a16").linear_bytes == 0.5 + 2 / 128
+    nvfp4 = {"num_bits": 4, "type": "float", "group_size": 16}
+    with pytest.raises(CostModelError, match="4-bit float weights with 4-bit activations are not"):
+        read(compressed_tensors(nvfp4, nvfp4))
+    mixed = compressed_tensors({"num_bits": 8, "type": "float"}, {"num_bits": 8})
+    mixed["config_groups"]["group_1"] = {"weights": nvfp4, "input_activations": nvfp4}
+    with pytest.raises(CostModelError, match="2 schemes in config_groups; one is modelled"):
+        read(mixed)
+
+
+def test_int8_products_run_at_the_int8_rate_and_4_bit_weights_only_speed_up_the_reads():
+    bf16 = RooflineCost(model="llama-3.1-8b", gpu="a100-80gb")
+    int8 = RooflineCost(model="llama-3.1-8b", gpu="a100-80gb", dtype="int8")
+    fp8 = RooflineCost(model="llama-3.1-8b", gpu="a100-80gb", dtype="fp8")
+    w4 = RooflineCost(model="llama-3.1-8b", gpu="a100-80gb", dtype="w4a16")
+    prefill, decode = 8192.0, 1.0  # compute-bound; bound by the weight reads
+    assert float(int8.linear_time(prefill)) == pytest.approx(float(bf16.linear_time(prefill)) / 2)
+    # the A100 has no fp8 units: fp8 and 4-bit weights are multiplied in 16 bits
+    assert float(fp8.linear_time(prefill)) == float(bf16.linear_time(prefill))
+    assert float(w4.linear_time(prefill)) == float(bf16.linear_time(prefill))
+    ratio = (0.5 + 2 / 128) / 2
+    assert float(w4.linear_time(decode)) == pytest.approx(float(bf16.linear_time(decode)) * ratio)
+
+
+def test_an_fp8_kv_cache_doubles_the_pool_and_halves_the_kv_reads():
+    auto = RooflineCost(model="llama-3.1-8b", gpu="h100")
+    fp8 = RooflineCost(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="fp8")
+    assert fp8.model_spec.kv_bytes_per_token * 2 == auto.model_spec.kv_bytes_per_token
+    assert fp8.model_spec.weight_bytes == auto.model_spec.weight_bytes
+    assert fp8.kv_capacity_tokens(0.9) == pytest.approx(2 * auto.kv_capacity_tokens(0.9), abs=2)
+    long_decode = (1e6, 1e6, 0.0)  # pairs, KV tokens read, written: bound by the reads
+    assert float(fp8.attention_time(*long_decode)) == pytest.approx(
+        float(auto.attention_time(*long_decode)) / 2
+    )
+    with pytest.raises(CostModelError, match="kv_cache_dtype='int8': accepted: auto, bfloat16"):
+        RooflineCost(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="int8")
+    cfg = compose_config(["cost_model=fitted", "cost_model.model=llama-3.1-70b",
+                          "cost_model.dtype=w4a16", "cost_model.kv_cache_dtype=fp8"])  # fmt: skip
+    fitted = instantiate(cfg.cost_model, _convert_="all")
+    assert fitted.model_spec.kv_dtype_bytes == 1 and fitted.model_spec.linear_bytes < 0.6
 
 
 def test_attention_counts_the_heads_width_where_it_differs_from_the_hidden_size():
@@ -174,8 +284,10 @@ def test_attention_counts_the_heads_width_where_it_differs_from_the_hidden_size(
 def test_the_gpus_carry_their_datasheet_figures_and_fp8_doubles_the_rate_where_it_exists():
     for name in ("h100", "h200", "a100-80gb", "l40s", "rtx-4090", "rtx-pro-6000"):
         assert name in GPUS
-    assert GPUS["h100"].flops_for(1) == pytest.approx(2 * GPUS["h100"].flops_for(2), rel=0.001)
-    assert GPUS["a100-80gb"].flops_for(1) == GPUS["a100-80gb"].peak_flops  # no fp8 units
+    h100, a100 = GPUS["h100"], GPUS["a100-80gb"]
+    assert h100.flops_for("fp8") == pytest.approx(2 * h100.flops_for("16-bit"), rel=0.001)
+    assert a100.flops_for("fp8") == a100.peak_flops  # no fp8 units
+    assert a100.flops_for("int8") == 2 * a100.peak_flops  # A100 datasheet: 624 int8 TOPS
     fast = RooflineCost(model="llama-3.1-8b", gpu="h100", dtype="fp8")
     slow = RooflineCost(model="llama-3.1-8b", gpu="h100", dtype="bf16")
     assert fast.decode_time(8, 8000) < slow.decode_time(8, 8000)  # half the weight bytes
@@ -302,7 +414,7 @@ def test_the_fitted_models_products_count_only_beyond_the_weight_reads():
             m.layer_bytes_read(np.array([float(tokens)]))[0] + m.vocab * m.hidden * m.dtype_bytes
         ) / (g.hbm_bandwidth)
         products = (2.0 * m.layer_params * m.layers * tokens + 2.0 * m.vocab * m.hidden) / (
-            g.flops_for(m.dtype_bytes)
+            g.flops_for(m.compute)
         )
         assert roof.one_step(tokens, 1, 0.0, 0.0) == pytest.approx(max(weights, products))
     assert roof.one_step(1, 1, 0.0, 0.0) < roof.one_step(8192, 1, 0.0, 0.0)
@@ -312,5 +424,5 @@ def test_the_fitted_models_products_count_only_beyond_the_weight_reads():
         shipped = FittedCost(model=model, gpu=gpu, tp=tp)
         spec = shipped.model_spec
         flops = 2.0 * spec.layer_params * spec.layers * 2048
-        peak = tp * shipped.gpu_spec.flops_for(spec.dtype_bytes)
+        peak = tp * shipped.gpu_spec.flops_for(spec.compute)
         assert shipped.step_time([(2048, 0)]) >= flops / peak, (model, gpu)

@@ -28,14 +28,16 @@ from simulator.core.requests import COMPLETED
 REPLAYS = "sim2real/llmservingsim"
 
 
-def logged_run(tmp_path: Path, gpu: str = "RTX4090", kv_cache: dict | None = None) -> Path:
+def logged_run(
+    tmp_path: Path, gpu: str = "RTX4090", kv_cache: dict | None = None, **engine_kwargs: object
+) -> Path:
     """A small log in LLMServingSim's layout: 4 requests, known engine-clock times."""
     folder = tmp_path / gpu / "Llama-3.1-8B"
     (folder / "vllm").mkdir(parents=True)
     meta = {
         "engine_kwargs": {"tensor_parallel_size": 1, "max_num_seqs": 64,
                           "max_num_batched_tokens": 1024, "max_model_len": None,
-                          "dtype": "bfloat16"},
+                          "dtype": "bfloat16", **engine_kwargs},
         **({"kv_cache": kv_cache} if kv_cache else {}),
     }  # fmt: skip
     (folder / "vllm" / "meta.json").write_text(json.dumps(meta))
@@ -77,6 +79,16 @@ def test_the_replay_sends_each_logged_request_at_its_queue_time_and_scores_from_
     assert without["ttft_mean"] == pytest.approx(float(ttft.mean()))
     assert with_frontend["ttft_mean"] == pytest.approx(without["ttft_mean"] - 0.1)
     assert with_frontend["tpot_mean"] == without["tpot_mean"]
+
+
+def test_a_logged_fp8_kv_cache_is_replayed_and_a_quantized_run_is_refused(tmp_path):
+    run = load_replayed_run(logged_run(tmp_path / "fp8", kv_cache_dtype="fp8"))
+    cfg = compose_config(replay_overrides(run, "fitted"))
+    assert cfg.cost_model.kv_cache_dtype == "fp8"
+    plain = compose_config(replay_overrides(load_replayed_run(logged_run(tmp_path / "auto"))))
+    assert plain.cost_model.kv_cache_dtype == "auto"  # vLLM's default: not written
+    with pytest.raises(ConfigError, match="engine_kwargs.quantization 'awq': only unquantized"):
+        load_replayed_run(logged_run(tmp_path / "awq", quantization="awq"))
 
 
 def test_an_unknown_gpu_folder_is_an_error_naming_it_and_the_accepted_ones(tmp_path):

@@ -51,6 +51,7 @@ class ReplayedRun:
     max_model_len: int | None
     num_gpu_blocks: int | None  # logged by newer vLLM; else the pool is sized from memory
     gpu_memory_utilization: float
+    kv_cache_dtype: str  # vLLM's, as cost_model.kv_cache_dtype takes it
     measured: dict[str, float]  # REPLAY_METRICS, seconds
     peer: dict[str, float]  # LLMServingSim's signed errors (%), from its summary
 
@@ -113,6 +114,11 @@ def load_replayed_run(folder: Path) -> ReplayedRun:
             f"{folder}/vllm/meta.json: engine_kwargs.dtype {dtype!r} unknown; accepted: "
             f"{', '.join(DTYPES)}"
         )
+    if kwargs.get("quantization") is not None:  # the preset models are 16-bit checkpoints
+        raise ConfigError(
+            f"{folder}/vllm/meta.json: engine_kwargs.quantization {kwargs['quantization']!r}: "
+            "only unquantized runs are replayed (null)"
+        )
     return ReplayedRun(
         name=f"{GPU_FOLDERS[gpu_folder]}-{model}",
         requests=requests,
@@ -125,6 +131,7 @@ def load_replayed_run(folder: Path) -> ReplayedRun:
         max_model_len=None if kwargs.get("max_model_len") is None else int(kwargs["max_model_len"]),
         num_gpu_blocks=cache.get("num_gpu_blocks"),
         gpu_memory_utilization=float(cache.get("gpu_memory_utilization", 0.9)),  # vLLM's default
+        kv_cache_dtype=str(kwargs.get("kv_cache_dtype", "auto")),
         measured=measured_replay_metrics(rows),
         peer=read_summary(summary) if summary.exists() else {},
     )
@@ -145,6 +152,7 @@ def replay_overrides(run: ReplayedRun, cost_model: str = "fitted") -> list[str]:
         if run.num_gpu_blocks
         else f"engine.gpu_memory_utilization={run.gpu_memory_utilization}"
     )
+    kv_dtype = run.kv_cache_dtype
     return [
         "workload=table",
         f"workload.path={run.requests}",
@@ -162,5 +170,6 @@ def replay_overrides(run: ReplayedRun, cost_model: str = "fitted") -> list[str]:
         f"cost_model.gpu={run.gpu}",
         f"cost_model.tp={run.tp}",
         f"cost_model.dtype={run.dtype}",
+        *([] if kv_dtype == "auto" else [f"cost_model.kv_cache_dtype={kv_dtype}"]),
         "compare_with=null",
     ]
