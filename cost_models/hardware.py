@@ -7,7 +7,9 @@ TFLOP/s is used: the VTC profile's 4,680 prefill tokens/s for a 7B model already
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -273,6 +275,9 @@ class GPUSpec:
         for key in ("memory_bytes", "hbm_bandwidth", "peak_flops"):
             if not getattr(self, key) > 0:
                 raise CostModelError(f"gpu {self.name!r}: {key} must be > 0")
+        for key in ("link_bandwidth", "fp8_flops", "int8_flops"):
+            if not getattr(self, key) >= 0:
+                raise CostModelError(f"gpu {self.name!r}: {key} must be >= 0 (0: none)")
 
     def flops_for(self, compute: str) -> float:
         """Dense tensor FLOP/s of matrix products in `compute` (`ModelSpec.compute`): fp8 and
@@ -327,8 +332,8 @@ MODELS = {
 # Dense tensor throughput and memory bandwidth from the vendors' datasheets (NVIDIA H100 SXM,
 # H200 SXM: the H100's compute with 141 GB of HBM3e at 4.8 TB/s; A100 80GB SXM, L40S, the Ada
 # architecture whitepaper for the RTX 4090, RTX PRO 6000 Blackwell); memory as CUDA reports it
-# where that differs from the label (the 4090's 24 GB: 25.25e9 bytes; L40S 46,068 MiB; H200
-# 143,771 MiB; RTX PRO 6000 97,887 MiB). Links: NVLink per direction, or
+# where that differs from the label (the 4090's 24 GB: 25.25e9 bytes; L40S 46,068 MiB; H100
+# 81,559 MiB; H200 143,771 MiB; RTX PRO 6000 97,887 MiB). Links: NVLink per direction, or
 # PCIe (Gen4 x16 32 GB/s, Gen5 64 GB/s) for cards without NVLink. The RTX 4090's bf16 rate is
 # with fp32 accumulation (165 TFLOP/s; 330 with fp16 accumulation, which vLLM does not use).
 # Dense INT8 tensor rates from the same datasheets (the A10's for the A10G); the RTX PRO 6000's
@@ -338,7 +343,7 @@ GPUS = {
     for g in (
         GPUSpec("a10g", 24 * GIB, 600e9, 125e12, int8_flops=250e12),
         GPUSpec("a100-80gb", 80 * GIB, 2.0e12, 312e12, link_bandwidth=300e9, int8_flops=624e12),
-        GPUSpec("h100", 80 * GIB, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
+        GPUSpec("h100", 81559 * 2**20, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
                 int8_flops=1979e12),
         GPUSpec("h200", 143771 * 2**20, 4.8e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
                 int8_flops=1979e12),
@@ -363,9 +368,35 @@ def model_spec(model: str | ModelSpec) -> ModelSpec:
     return MODELS[model]
 
 
-def gpu_spec(gpu: str | GPUSpec) -> GPUSpec:
+REQUIRED_GPU_KEYS = ("name", "memory_bytes", "hbm_bandwidth", "peak_flops")
+
+
+def gpu_spec(gpu: str | GPUSpec | Mapping[str, Any]) -> GPUSpec:
+    """A preset's name, or a GPU of the user's own: its datasheet figures (`GPUSpec`'s fields,
+    bytes and per-second units), e.g. cost_model.gpu={name:b200,memory_bytes:...}."""
     if isinstance(gpu, GPUSpec):
         return gpu
+    if isinstance(gpu, Mapping):
+        accepted = [f.name for f in fields(GPUSpec)]
+        unknown = sorted(set(gpu) - set(accepted))
+        missing = [k for k in REQUIRED_GPU_KEYS if k not in gpu]
+        if unknown or missing:
+            raise CostModelError(
+                f"cost_model.gpu: {'unknown ' + ', '.join(unknown) if unknown else ''}"
+                f"{'; ' if unknown and missing else ''}"
+                f"{'missing ' + ', '.join(missing) if missing else ''}; a GPU of your own takes "
+                f"{', '.join(REQUIRED_GPU_KEYS)} and optionally "
+                f"{', '.join(k for k in accepted if k not in REQUIRED_GPU_KEYS)}"
+            )
+        values: dict[str, Any] = {"name": str(gpu["name"])}
+        for key in sorted(set(gpu) - {"name"}):
+            try:
+                values[key] = float(gpu[key])
+            except (TypeError, ValueError):
+                raise CostModelError(
+                    f"cost_model.gpu.{key}={gpu[key]!r}: a number (bytes, bytes/s or FLOP/s)"
+                ) from None
+        return GPUSpec(**values)
     if not isinstance(gpu, str) or gpu not in GPUS:
         raise CostModelError(f"cost_model.gpu={gpu!r}: accepted: {', '.join(sorted(GPUS))}")
     return GPUS[gpu]

@@ -25,8 +25,9 @@ token with context L forms L pairs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from cost_models.hf_config import model_from_path, weight_format
 @dataclass(frozen=True)
 class RooflineCost:
     model: str | ModelSpec = "llama-2-7b"
-    gpu: str | GPUSpec = "a100-80gb"
+    gpu: str | GPUSpec | Mapping[str, Any] = "a100-80gb"  # a preset, or a GPU's own figures
     tp: int = 1
     compute_efficiency: float = 0.6
     memory_efficiency: float = 0.8

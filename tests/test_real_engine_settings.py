@@ -293,6 +293,29 @@ def test_the_gpus_carry_their_datasheet_figures_and_fp8_doubles_the_rate_where_i
     assert fast.decode_time(8, 8000) < slow.decode_time(8, 8000)  # half the weight bytes
 
 
+def test_a_gpu_of_ones_own_is_given_by_its_datasheet_figures():
+    h100 = GPUS["h100"]
+    keys = ("memory_bytes", "hbm_bandwidth", "peak_flops", "link_bandwidth", "fp8_flops",
+            "int8_flops")  # fmt: skip
+    figures = {k: getattr(h100, k) for k in keys}
+    cfg = compose_config(["cost_model=fitted", "cost_model.tp=2", "cost_model.gpu={name:mine,"
+                          + ",".join(f"{k}:{v!r}" for k, v in figures.items()) + "}"])  # fmt: skip
+    mine = instantiate(cfg.cost_model, _convert_="all")
+    preset = FittedCost(model="llama-2-7b", gpu="h100", tp=2)
+    assert mine.gpu_spec == replace(h100, name="mine")
+    chunks = [(2048, 0), (1, 900), (1, 3000)]
+    assert mine.step_time(chunks) == preset.step_time(chunks)
+    assert mine.kv_capacity_tokens(0.9) == preset.kv_capacity_tokens(0.9)
+    with pytest.raises(CostModelError, match="unknown memory_gib; missing memory_bytes; a GPU of"):
+        RooflineCost(gpu={"name": "x", "memory_gib": 80, "hbm_bandwidth": 1e12, "peak_flops": 1})
+    with pytest.raises(CostModelError, match="cost_model.gpu.peak_flops='fast': a number"):
+        RooflineCost(gpu={"name": "x", "memory_bytes": 1e9, "hbm_bandwidth": 1e12,
+                          "peak_flops": "fast"})  # fmt: skip
+    with pytest.raises(CostModelError, match="gpu 'x': fp8_flops must be >= 0"):
+        RooflineCost(gpu={"name": "x", "memory_bytes": 1e9, "hbm_bandwidth": 1e12,
+                          "peak_flops": 1e12, "fp8_flops": -1})  # fmt: skip
+
+
 def test_the_kv_pool_is_sized_as_vllm_sizes_it():
     """The RTX 4090 run's vLLM 0.19 log: 2,588 blocks of 16 tokens for Llama-3.1-8B at
     gpu_memory_utilization 0.9, max_num_batched_tokens 2048, max_num_seqs 256 (the only
