@@ -83,6 +83,8 @@ def quantized_format(quant: dict[str, Any], name: str) -> WeightFormat | None:
         return WEIGHT_FORMATS["fp8"]
     if method in ("awq", "gptq", "auto-round", "awq-marlin", "gptq-marlin"):
         bits = int(quant.get("bits") or quant.get("w_bit") or 4)
+        if bits not in (2, 3, 4, 8):
+            raise CostModelError(f"{where}.bits={bits}: accepted: 2, 3, 4, 8")
         group = int(quant.get("group_size") or quant.get("q_group_size") or GROUP_SIZE)
         return weight_only(bits, group)
     if method == "compressed-tensors":
@@ -148,6 +150,7 @@ def model_from_hf_config(
     """The `ModelSpec` of a parsed config.json; `dtype` overrides the weights' dtype."""
     text = config.get("text_config")
     c = {**config, **text} if isinstance(text, dict) else config  # Llama 4, multimodal wrappers
+    c = checked_fields(c, name)
 
     def need(*keys: str) -> Any:
         for key in keys:
@@ -215,6 +218,71 @@ def model_from_hf_config(
         sliding_layers=sliding,
         expert_bytes=expert_bytes,
     )
+
+
+# the config.json fields read as integers, and the quantization_config ones
+INTEGER_FIELDS = (
+    "num_attention_heads", "hidden_size", "num_local_experts", "num_experts",
+    "n_routed_experts", "moe_intermediate_size", "intermediate_size_mlp", "intermediate_size",
+    "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq",
+    "first_k_dense_replace", "kv_lora_rank", "num_shared_experts", "n_shared_experts",
+    "head_dim", "num_hidden_layers", "num_key_value_heads", "vocab_size",
+    "num_experts_per_tok", "experts_per_token", "q_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim",
+)  # fmt: skip
+QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
+SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")
+
+
+def integer(value: Any, where: str) -> int:
+    """`value` as an int when it is a JSON integer (or a float without a fraction)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CostModelError(f"{where}={value!r}: an integer (of a model's size)")
+    if isinstance(value, float) and not value.is_integer() or abs(value) >= 2**40:
+        raise CostModelError(f"{where}={value!r}: an integer (of a model's size)")
+    return int(value)
+
+
+def checked_fields(c: dict[str, Any], name: str) -> dict[str, Any]:
+    """`c` with the fields read checked for their JSON types (a malformed config.json is an
+    error naming the field, not a crash inside the arithmetic)."""
+    where = f"{name}: config.json"
+    c = dict(c)
+    for key in INTEGER_FIELDS:
+        if c.get(key) is not None:
+            c[key] = integer(c[key], f"{where} {key}")
+    kinds = c.get("layer_types")
+    if kinds is not None and not (
+        isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)
+    ):
+        raise CostModelError(f"{where} layer_types: a list of strings")
+    quant = c.get("quantization_config")
+    if quant is None:
+        return c
+    if not isinstance(quant, dict):
+        raise CostModelError(f"{where} quantization_config: an object")
+    quant = dict(quant)
+    for key in QUANT_INTEGER_FIELDS:
+        if quant.get(key) is not None:
+            quant[key] = integer(quant[key], f"{where} quantization_config.{key}")
+    groups = quant.get("config_groups")
+    if groups is not None:
+        if not isinstance(groups, dict):
+            raise CostModelError(f"{where} quantization_config.config_groups: an object")
+        for group_name, group in groups.items():
+            at_group = f"{where} quantization_config.config_groups.{group_name}"
+            if group is not None and not isinstance(group, dict):
+                raise CostModelError(f"{at_group}: an object or null")
+            for part in ("weights", "input_activations"):
+                scheme = (group or {}).get(part)
+                at = f"{at_group}.{part}"
+                if scheme is not None and not isinstance(scheme, dict):
+                    raise CostModelError(f"{at}: an object or null")
+                for key in SCHEME_INTEGER_FIELDS:
+                    if scheme and scheme.get(key) is not None:
+                        integer(scheme[key], f"{at}.{key}")
+    c["quantization_config"] = quant
+    return c
 
 
 def model_from_path(path: str | Path, dtype: str | None = None) -> ModelSpec:

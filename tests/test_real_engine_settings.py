@@ -10,6 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from hydra.utils import instantiate
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from command_lines import MIXTRAL_CONFIG
 from conftest import shared_file
@@ -238,6 +240,54 @@ def test_a_quantization_fairsim_does_not_model_is_an_error_naming_it():
     mixed["config_groups"]["group_1"] = {"weights": nvfp4, "input_activations": nvfp4}
     with pytest.raises(CostModelError, match="2 schemes in config_groups; one is modelled"):
         read(mixed)
+
+
+def test_a_malformed_config_json_is_an_error_naming_the_field():
+    cases = [
+        ({"num_hidden_layers": "32a"}, "config.json num_hidden_layers='32a': an integer"),
+        ({"head_dim": 128.5}, "config.json head_dim=128.5: an integer"),
+        ({"vocab_size": True}, "config.json vocab_size=True: an integer"),
+        ({"layer_types": "sliding"}, "config.json layer_types: a list of strings"),
+        ({"quantization_config": True}, "config.json quantization_config: an object"),
+        ({"quantization_config": {"quant_method": "awq", "bits": 5}}, r"bits=5: accepted: 2, 3"),
+        ({"quantization_config": {"quant_method": "gptq", "group_size": "x"}},
+         "quantization_config.group_size='x': an integer"),
+        ({"quantization_config": compressed_tensors([8], None)},
+         "config_groups.group_0.weights: an object or null"),
+    ]  # fmt: skip
+    for change, message in cases:
+        with pytest.raises(CostModelError, match=message):
+            model_from_hf_config({**LLAMA_3_1_70B, **change}, "m")
+
+
+FIELD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 10**13), st.floats(), st.text(max_size=3),
+    st.lists(st.sampled_from(["sliding_attention", "full_attention", 3]), max_size=90),
+    st.fixed_dictionaries({}, optional={
+        "quant_method": st.sampled_from(["awq", "gptq", "fp8", "compressed-tensors", "mxfp4", 5]),
+        "bits": st.one_of(st.integers(-1, 9), st.text(max_size=2)),
+        "config_groups": st.dictionaries(st.text(max_size=2), st.one_of(
+            st.none(), st.integers(), st.fixed_dictionaries({}, optional={
+                "weights": st.one_of(st.none(), st.integers(), st.fixed_dictionaries(
+                    {}, optional={"num_bits": st.one_of(st.integers(0, 16), st.text(max_size=1)),
+                                  "type": st.sampled_from(["int", "float"])})),
+                "input_activations": st.one_of(st.none(), st.fixed_dictionaries(
+                    {}, optional={"num_bits": st.integers(0, 16)}))})), max_size=2)}),
+)  # fmt: skip
+FIELDS = [*LLAMA_3_1_70B, "head_dim", "num_local_experts", "num_experts_per_tok",
+          "moe_intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
+          "first_k_dense_replace", "layer_types", "quantization_config", "text_config"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS), FIELD_VALUES, max_size=5),
+       st.sampled_from([None, "bf16", "w4a16"]))  # fmt: skip
+def test_any_config_json_gives_a_model_or_an_error_naming_a_field_never_a_crash(change, dtype):
+    try:
+        m = model_from_hf_config({**LLAMA_3_1_70B, **change}, "m", dtype=dtype)
+        RooflineCost(model=m, gpu="h100").step_time([(100, 0), (1, 50)])
+    except CostModelError as err:
+        assert str(err).startswith(("m:", "model 'm':", "cost_model."))
 
 
 def test_int8_products_run_at_the_int8_rate_and_4_bit_weights_only_speed_up_the_reads():
