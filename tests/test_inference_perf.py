@@ -118,6 +118,55 @@ def test_an_unsupported_field_is_one_error_naming_it(tmp_path, change, message):
         InferencePerfWorkload(path).build(0)
 
 
+SHARED = PROFILE["data"]["shared_prefix"]
+RANDOM = {"type": "random", "input_distribution": 100, "output_distribution": 5}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"server": 5}, "server=5; expected a section"),
+        ({"server": {"ignore_eos": "yes"}}, "server.ignore_eos='yes'; expected true or false"),
+        (
+            {"data": {"type": "shared_prefix", "shared_prefix": {**SHARED, "question_len": "4"}}},
+            "data.shared_prefix.question_len='4'; expected a number",
+        ),
+        (
+            {"data": {"type": "shared_prefix", "shared_prefix": {**SHARED, "num_groups": 2.5}}},
+            "data.shared_prefix.num_groups=2.5; expected an integer",
+        ),
+        (
+            {"data": {"type": "shared_prefix", "shared_prefix": {**SHARED, "seed": "s"}}},
+            "data.shared_prefix.seed='s'; expected an integer >= 0",
+        ),
+        (
+            {
+                "data": {
+                    "type": "random",
+                    "input_distribution": {"min": [1]},
+                    "output_distribution": 5,
+                }
+            },
+            "data.input_distribution.min=[1]; expected a number",
+        ),
+        (
+            {
+                "data": {
+                    "type": "random",
+                    "input_distribution": {"variance": -4},
+                    "output_distribution": 5,
+                }
+            },
+            "data.input_distribution: needs 0 <= min <= max and std_dev",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_one_error_naming_its_field(tmp_path, change, message):
+    path = write(tmp_path, {**PROFILE, **change})
+    with pytest.raises(TraceError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        InferencePerfWorkload(path).build(0)
+
+
 def test_a_measured_runs_profile_gives_its_request_count_and_lengths():
     profile = shared_file(
         "sim2real/inference_sim_training/default_args/"

@@ -107,7 +107,7 @@ class InferencePerfWorkload:
         arrival_ss, data_ss = np.random.SeedSequence(seed).spawn(2)
         arrival = send_times(cfg["load"], np.random.default_rng(arrival_ss), where)
         data = cfg["data"]
-        if not cfg.get("server", {}).get("ignore_eos", False):
+        if not (cfg.get("server") or {}).get("ignore_eos", False):
             print(
                 f"fairsim: {where}: server.ignore_eos is false: a real server may stop an answer "
                 "early; fairsim generates output_len tokens (an upper bound)",
@@ -154,6 +154,12 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(load, dict) or load.get("type", "constant") not in LOAD_TYPES:
         got = load.get("type") if isinstance(load, dict) else load
         raise TraceError(f"{path}: load.type={got!r}; supported: {', '.join(LOAD_TYPES)}")
+    server = cfg.get("server")
+    if server is not None and not isinstance(server, dict):
+        raise TraceError(f"{path}: server={server!r}; expected a section (a mapping)")
+    eos = (server or {}).get("ignore_eos", False)
+    if not isinstance(eos, bool):
+        raise TraceError(f"{path}: server.ignore_eos={eos!r}; expected true or false")
     stages = load.get("stages")
     if not isinstance(stages, list) or not stages:
         raise TraceError(f"{path}: load.stages must be a non-empty list of {{rate, duration}}")
@@ -221,24 +227,35 @@ def _spread(rng: np.random.Generator, n: int, span: float) -> np.ndarray:
     return np.cumsum(gaps * (span / gaps.sum()))
 
 
+def number(value: Any, where: str, integer: bool = False) -> float:
+    """A config value that must be a (finite) number, or an integer: else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise TraceError(f"{where}={value!r}; expected a number")
+    if integer and value != int(value):
+        raise TraceError(f"{where}={value!r}; expected an integer")
+    return float(value)
+
+
 def draw(spec: Any, n: int, rng: np.random.Generator, where: str) -> np.ndarray:
     """n lengths of a fixed value or a distribution, drawn as inference-perf draws them."""
-    if isinstance(spec, bool) or spec is None:
-        raise TraceError(f"{where}: expected a length or a distribution, got {spec!r}")
-    if isinstance(spec, (int, float)):
-        if spec < 0:
+    if not isinstance(spec, dict):
+        length = number(spec, where)
+        if length < 0:
             raise TraceError(f"{where}={spec!r}: expected a length >= 0")
-        return np.full(n, int(spec), dtype=np.int64)
+        return np.full(n, int(length), dtype=np.int64)
     kind = spec.get("type", "normal")
     if kind not in DISTRIBUTIONS:
         raise TraceError(f"{where}.type={kind!r}; supported: {', '.join(DISTRIBUTIONS)}")
-    low, high = int(spec.get("min", 10)), int(spec.get("max", 1024))
-    mean = float(spec.get("mean", 512))
-    std = (
-        float(np.sqrt(spec["variance"])) if "variance" in spec else float(spec.get("std_dev", 200))
-    )
-    if low > high or std < 0:
-        raise TraceError(f"{where}: needs min <= max and std_dev >= 0")
+    low = int(number(spec.get("min", 10), f"{where}.min"))
+    high = int(number(spec.get("max", 1024), f"{where}.max"))
+    mean = number(spec.get("mean", 512), f"{where}.mean")
+    if "variance" in spec:
+        variance = number(spec["variance"], f"{where}.variance")
+        std = float(np.sqrt(variance)) if variance >= 0 else -1.0
+    else:
+        std = number(spec.get("std_dev", 200), f"{where}.std_dev")
+    if low > high or std < 0 or low < 0:
+        raise TraceError(f"{where}: needs 0 <= min <= max and std_dev (or variance) >= 0")
     if kind == "fixed":
         return np.full(n, int(mean), dtype=np.int64)
     if kind == "uniform":
@@ -259,12 +276,17 @@ def shared_prefix_trace(
 ) -> Trace:
     """The shared-prefix generator's prompts, sent in turn as request i uses prompt i mod P
     (`timeout`: when each one's client gives up)."""
-    groups = int(sp.get("num_groups", sp.get("num_unique_system_prompts", 10)))
-    per_group = int(sp.get("num_prompts_per_group", sp.get("num_users_per_system_prompt", 10)))
+    key = f"{where}: data.shared_prefix"
+    groups_given = sp.get("num_groups", sp.get("num_unique_system_prompts", 10))
+    per_group_given = sp.get("num_prompts_per_group", sp.get("num_users_per_system_prompt", 10))
+    groups = int(number(groups_given, f"{key}.num_groups", integer=True))
+    per_group = int(number(per_group_given, f"{key}.num_prompts_per_group", integer=True))
     if groups < 1 or per_group < 1:
         raise TraceError(f"{where}: data.shared_prefix needs at least one group and one prompt")
-    rng = np.random.default_rng(sp.get("seed", seed))
-    key = f"{where}: data.shared_prefix"
+    own_seed = sp.get("seed", seed)
+    if isinstance(own_seed, bool) or not isinstance(own_seed, int) or own_seed < 0:
+        raise TraceError(f"{key}.seed={own_seed!r}; expected an integer >= 0")
+    rng = np.random.default_rng(own_seed)
     system = draw(sp.get("system_prompt_len", 100), groups, rng, f"{key}.system_prompt_len")
     questions, outputs = [], []
     for _ in range(groups):
