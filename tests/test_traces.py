@@ -43,6 +43,8 @@ def test_valid_trace_keeps_columns_and_client_codes():
         ("output_len", [1, 2, 0], 2, "integer >= 1"),
         ("prompt_len", [5, 2.5, 7], 1, "integer >= 1"),
         ("output_len", [1, "x", 3], 1, "integer >= 1"),
+        ("output_len", ["1", "inf", "3"], 1, "integer >= 1"),  # overflowed int() before
+        ("prompt_len", [5, 1e30, 7], 1, "integer >= 1"),  # no int64 holds it
         ("arrival", [0.0, float("nan"), 2.0], 1, "finite number >= 0"),
         ("arrival", [0.0, -1.0, 2.0], 1, "finite number >= 0"),
         ("arrival", [0.0, 3.0, 2.0], 2, "non-decreasing"),
@@ -55,6 +57,12 @@ def test_validation_names_row_field_and_what_is_accepted(field, value, row, acce
     msg = str(err.value)
     assert msg.startswith("t.csv: ") and f"row {row}" in msg and f"'{field}'" in msg
     assert accepted in msg
+
+
+def test_integral_text_cells_read_as_integers():
+    # a JSONL file may quote its numbers: "12.0" is twelve tokens (astype failed on it before)
+    t = Trace.from_columns(**columns(prompt_len=["5", "12.0", "7"]))
+    assert t.prompt_len.tolist() == [5, 12, 7]
 
 
 def test_duplicate_ids_length_mismatch_and_empty_are_errors():

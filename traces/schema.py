@@ -53,23 +53,32 @@ def _fail(source: str, row: int | None, fieldname: str, got: object, accepted: s
     return TraceError(f"{where}field '{fieldname}': got {got!r}; accepted: {accepted}")
 
 
+def _is_number(value: object) -> bool:
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def int_column(values: object, name: str, source: str, minimum: int) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise _fail(source, None, name, f"shape {arr.shape}", "a 1-D column")
+    if arr.dtype.kind not in "iubf":
+        # strings or objects: the first cell that is not a number fails; the rest as floats
+        cells = arr.tolist()
+        try:
+            arr = np.asarray([float(v) for v in cells], dtype=np.float64)
+        except (TypeError, ValueError):
+            i = next(i for i, v in enumerate(cells) if not _is_number(v))
+            raise _fail(source, i, name, cells[i], f"an integer >= {minimum}") from None
     if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        # beyond 2^62 a float has no int64 (and no token count is that large)
+        bad = ~np.isfinite(arr) | (arr != np.round(arr)) | (np.abs(arr) >= 2.0**62)
         if bad.any():
             i = int(np.argmax(bad))
             raise _fail(source, i, name, arr[i].item(), f"an integer >= {minimum}")
-    elif arr.dtype.kind not in "iub":
-        # strings or objects: find the first cell that is not an integer
-        for i, v in enumerate(arr.tolist()):
-            try:
-                if float(v) != int(float(v)):
-                    raise ValueError
-            except (TypeError, ValueError):
-                raise _fail(source, i, name, v, f"an integer >= {minimum}") from None
     out = arr.astype(np.int64)
     low = out < minimum
     if low.any():
