@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration  # servers, subprocesses, notebooks or clie
 
 CHOICES = {
     "engine": ["slora", "vllm"],
-    "cost_model": ["a10g_llama7b", "roofline"],
+    "cost_model": ["a10g_llama7b", "roofline", "fitted"],
     "policy": [
         "fcfs", "rpm", "lcf", "vtc", "vtc_oracle", "vtc_predict", "drr", "priority",
         "fairserve", "fs_w", "fs_wl", "fs_wo", "rpm_interaction",
