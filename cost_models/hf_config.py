@@ -136,7 +136,11 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     try:
         config = json.loads(p.read_text())
     except FileNotFoundError:
-        raise CostModelError(f"cost_model.model={path}: no such config.json") from None
+        raise CostModelError(
+            f"cost_model.model={path}: no such config.json (a local file or its folder: "
+            "fairsim reads no model from the network; save the model's config.json, or name a "
+            "preset)"
+        ) from None
     except json.JSONDecodeError as err:
         raise CostModelError(f"{p}: not JSON ({err.msg}, line {err.lineno})") from None
     if not isinstance(config, dict):
@@ -147,7 +151,8 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
 def model_from_hf_config(
     config: dict[str, Any], name: str = "model", dtype: str | None = None
 ) -> ModelSpec:
-    """The `ModelSpec` of a parsed config.json; `dtype` overrides the weights' dtype."""
+    """The `ModelSpec` of a parsed config.json. `dtype`, a quantized format (fp8, int8, w8a16,
+    w4a16), replaces the checkpoint's; fp16 or bf16 leave a quantized checkpoint as it is."""
     text = config.get("text_config")
     c = {**config, **text} if isinstance(text, dict) else config  # Llama 4, multimodal wrappers
     c = checked_fields(c, name)

@@ -242,6 +242,11 @@ def test_a_quantization_fairsim_does_not_model_is_an_error_naming_it():
         read(mixed)
 
 
+def test_a_hub_name_is_not_fetched_but_an_error_saying_what_is_read():
+    with pytest.raises(CostModelError, match=r"Llama-3.1-8B: no such config.json \(a local file"):
+        RooflineCost(model="meta-llama/Llama-3.1-8B")
+
+
 def test_a_malformed_config_json_is_an_error_naming_the_field():
     cases = [
         ({"num_hidden_layers": "32a"}, "config.json num_hidden_layers='32a': an integer"),
