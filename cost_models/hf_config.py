@@ -37,6 +37,11 @@ class WeightFormat:
     linear_bytes: float
     compute: str
 
+    @property
+    def quantized(self) -> bool:
+        """Narrower than the 16-bit weights vLLM's `--dtype` names."""
+        return self.linear_bytes < 2
+
 
 def weight_only(bits: int, group_size: int = GROUP_SIZE) -> WeightFormat:
     """Weights of `bits` bits with a 16-bit scale per `group_size` of them (-1 or 0: one per
@@ -54,7 +59,7 @@ WEIGHT_FORMATS = {
     "w8a16": weight_only(8),  # 8-bit weights, 16-bit products (GPTQ 8-bit, fp8 weight-only)
     "w4a16": weight_only(4),  # 4-bit weights, 16-bit products (AWQ, GPTQ)
 }
-QUANTIZED = [name for name, f in WEIGHT_FORMATS.items() if f.linear_bytes < 2]
+QUANTIZED = [name for name, f in WEIGHT_FORMATS.items() if f.quantized]
 ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "bf16"}
 
 
@@ -187,7 +192,7 @@ def model_from_hf_config(
     # one chooses the weights' format (as --quantization fp8 quantizes a 16-bit checkpoint)
     forced = weight_format(dtype) if dtype is not None else None
     expert_bytes = 0.0
-    if forced is not None and forced.linear_bytes < 2:
+    if forced is not None and forced.quantized:
         fmt = forced
     else:
         quant = c.get("quantization_config") or {}
