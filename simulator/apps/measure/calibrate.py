@@ -7,10 +7,17 @@ usable step's duration is then a linear function of what it did (`cost_models/li
     prefill step: step_overhead + prefill_per_request * n + prefill_per_token * prompt tokens
     decode step:  step_overhead + decode_base + decode_per_seq * b + decode_per_context_token * ctx
 
-and a step doing both costs both, one overhead (as `mixed_step_time` prices it). The fit is
-non-negative robust least squares (soft L1 beyond 1 ms: a delayed packet is an outlier, not a
-slower step). A term the run cannot tell apart (e.g. decode_base when no step is prefill-only)
-is fixed at 0 and said so.
+and a step doing both costs both, one overhead (as `mixed_step_time` prices it). A burst
+also reaches the client later the more tokens it holds (the server writes each, the client
+reads each, a new stream's headers first), and a measured duration is its burst's delay less
+the previous one's; two delay terms take that up, so it is not read as cost:
+
+    + delay_per_decode_token * (decodes - previous burst's decodes)
+    + delay_per_first_token * (prefills - previous burst's prefills)
+
+The fit is non-negative robust least squares (soft L1 beyond 1 ms: a delayed packet is an
+outlier, not a slower step). A term the run cannot tell apart (e.g. decode_base when no step is
+prefill-only) is fixed at 0 and said so.
 
 Output (default RUN/calibration/): cost_model/calibrated.yaml, calibration.json (parameters,
 residuals, steps used), steps.parquet (the inferred steps) and fit.png (measured against
@@ -44,21 +51,29 @@ PARAMETERS = (
     "prefill_per_request",
     "prefill_per_token",
 )
+# what the measurement adds to a step's duration: how much later a burst arrives per decode
+# token and per first token it holds than the burst before (seconds on the run's clock)
+DELAY_TERMS = ("delay_per_decode_token", "delay_per_first_token")
+TERMS = PARAMETERS + DELAY_TERMS
 MIN_STEPS = 3  # usable steps with prefills, and with decodes, a fit needs at the least
 ROBUST_SCALE = 1e-3  # seconds: residuals beyond this count linearly (soft L1)
 
 
 def design(steps: pd.DataFrame) -> np.ndarray:
-    """Each step's features, one column per PARAMETERS entry."""
+    """Each step's features, one column per TERMS entry (`steps` in time order: a row's delay
+    terms compare it with the row before)."""
     decodes = steps["decodes"].to_numpy(dtype=np.float64)
+    prefills = steps["prefills"].to_numpy(dtype=np.float64)
     return np.column_stack(
         [
             np.ones(len(steps)),
             (decodes > 0).astype(np.float64),
             decodes,
             steps["context"].to_numpy(dtype=np.float64),
-            steps["prefills"].to_numpy(dtype=np.float64),
+            prefills,
             steps["prompt_tokens"].to_numpy(dtype=np.float64),
+            np.diff(decodes, prepend=0.0),
+            np.diff(prefills, prepend=0.0),
         ]
     )
 
@@ -71,9 +86,9 @@ def fit(steps: pd.DataFrame) -> tuple[dict[str, float], dict[str, float], list[s
     B = A' diag(psi'(r)) A and M = A' diag(psi(r)^2) A (psi the soft-L1 loss's derivative):
     it holds when the noise grows with the step (a GPU's jitter is proportional), and a
     delayed packet counts only as much as the loss lets it."""
-    used = steps[steps["usable"]]
-    x = design(used)
-    y = used["duration"].to_numpy()
+    usable = steps["usable"].to_numpy()
+    x = design(steps)[usable]
+    y = steps["duration"].to_numpy()[usable]
     scale = np.abs(x).max(axis=0)
     free = [j for j in range(x.shape[1]) if scale[j] > 0]
     # drop columns that add nothing the others do not already explain (e.g. decode_base when
@@ -100,17 +115,18 @@ def fit(steps: pd.DataFrame) -> tuple[dict[str, float], dict[str, float], list[s
     psi, psi_slope = (a @ result.x - y) / np.sqrt(z), z**-1.5
     bread = np.linalg.pinv(a.T @ (psi_slope[:, None] * a))
     errors = np.sqrt(np.diag(bread @ (a.T @ (psi[:, None] ** 2 * a)) @ bread))
-    values = dict.fromkeys(PARAMETERS, 0.0)
-    standard_errors = dict.fromkeys(PARAMETERS, 0.0)
+    values = dict.fromkeys(TERMS, 0.0)
+    standard_errors = dict.fromkeys(TERMS, 0.0)
     for j, v, e in zip(kept, result.x / scale[kept], errors / scale[kept]):
-        values[PARAMETERS[j]] = float(v)
-        standard_errors[PARAMETERS[j]] = float(e)
-    fixed = [PARAMETERS[j] for j in range(len(PARAMETERS)) if j not in kept]
+        values[TERMS[j]] = float(v)
+        standard_errors[TERMS[j]] = float(e)
+    fixed = [TERMS[j] for j in range(len(TERMS)) if j not in kept]
     return values, standard_errors, fixed
 
 
 def predict(values: dict[str, float], steps: pd.DataFrame) -> np.ndarray:
-    return design(steps) @ np.array([values[p] for p in PARAMETERS])
+    """Each step's measured duration as the fit explains it: its cost and the burst delay."""
+    return design(steps) @ np.array([values[p] for p in TERMS])
 
 
 def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
@@ -136,8 +152,9 @@ def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
             "requests arrive while others decode"
         )
     values, standard_errors, fixed = fit(steps)
+    cost = {name: values[name] for name in PARAMETERS}
     try:
-        LinearStepCost(**values)
+        LinearStepCost(**cost)
     except CostModelError as err:
         raise ConfigError(f"{run}: the fit is not a usable cost model ({err})") from None
     steps["predicted"] = predict(values, steps)
@@ -146,7 +163,8 @@ def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
     report = {
         "run": str(run),
         "gap": gap,
-        "parameters": values,
+        "parameters": cost,
+        "burst_delay": {name: values[name] for name in DELAY_TERMS},
         "standard_errors": standard_errors,
         "fixed_at_zero": fixed,
         "steps": {
@@ -161,7 +179,7 @@ def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
             "p99_abs": float(np.percentile(np.abs(residual), 99)),
         },
     }
-    write_outputs(out, values, report, steps)
+    write_outputs(out, cost, report, steps)
     return report
 
 
@@ -211,11 +229,15 @@ def format_report(report: dict[str, Any], out: Path) -> str:
         f"({s['prefill_only']} prefill, {s['decode_only']} decode, {s['mixed']} mixed; "
         f"burst gap {1e3 * report['gap']:.2f} ms)",
     ]
-    for name, v in report["parameters"].items():
+
+    def term(name: str, v: float) -> str:
         if name in report["fixed_at_zero"]:
-            lines.append(f"  {name:<26}{v:.4g}  (fixed: the run cannot tell it apart)")
-        else:
-            lines.append(f"  {name:<26}{v:.4g} ± {report['standard_errors'][name]:.2g}")
+            return f"  {name:<26}{v:.4g}  (fixed: the run cannot tell it apart)"
+        return f"  {name:<26}{v:.4g} ± {report['standard_errors'][name]:.2g}"
+
+    lines += [term(name, v) for name, v in report["parameters"].items()]
+    lines.append("the measurement's delay (how much later a burst came per token it held):")
+    lines += [term(name, v) for name, v in report["burst_delay"].items()]
     r = report["residual_seconds"]
     lines.append(
         f"residual |measured - predicted|: median {1e3 * r['median_abs']:.2f} ms, "
