@@ -9,6 +9,7 @@ import pytest
 
 from simulator.apps.measure.calibrate import calibrate
 from simulator.apps.run import compose_config, run_config
+from simulator.core.errors import ConfigError
 
 # conf/cost_model/a10g_llama7b.yaml with a per-request prefill term large enough for a
 # 12-second run to identify it (the A10G fit's 0.45 ms is not)
@@ -97,3 +98,26 @@ def test_a_burst_delay_growing_with_its_size_is_fitted_apart_from_the_cost(tmp_p
         assert report["parameters"][name] == pytest.approx(truth, rel=1e-6), name
     assert report["burst_delay"]["delay_per_decode_token"] == pytest.approx(0.02e-3, rel=1e-6)
     assert report["burst_delay"]["delay_per_first_token"] == pytest.approx(0.15e-3, rel=1e-6)
+
+
+def test_a_token_table_the_steps_cannot_be_read_from_is_refused_naming_its_first_bad_row(
+    tmp_path: Path,
+):
+    run_config(compose_config(BURSTY_SHORT_CHATS), tmp_path / "run")
+    tokens_path = tmp_path / "run" / "tokens.parquet"
+    tokens = pd.read_parquet(tokens_path)
+    requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    unknown = int(requests["request_id"].max()) + 1
+    defects = {
+        "time is not a finite number": tokens.assign(time=tokens["time"].where(tokens.index != 7)),
+        "the token is recorded twice": pd.concat([tokens, tokens.iloc[[7]]], ignore_index=True),
+        "no such request": tokens.assign(
+            request_id=tokens["request_id"].where(tokens.index != 7, unknown)
+        ),
+    }
+    for why, bad in defects.items():
+        bad.to_parquet(tokens_path, index=False)
+        with pytest.raises(ConfigError, match=why) as err:
+            calibrate(tmp_path / "run", tmp_path / "calibration")
+        first = len(tokens) if why == "the token is recorded twice" else 7
+        assert f"tokens.parquet: row {first} (request_id " in str(err.value), why
