@@ -1,6 +1,7 @@
 """`fairsim-calibrate` on runs whose step times are known exactly: fairsim's own offline run
 folders, where each token's time is the simulated one (no loopback, no wall clock)."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +9,7 @@ import pandas as pd
 import pytest
 
 from simulator.apps.measure.calibrate import calibrate
+from simulator.apps.measure.compare import compare
 from simulator.apps.run import compose_config, run_config
 from simulator.core.errors import ConfigError
 
@@ -100,10 +102,13 @@ def test_a_burst_delay_growing_with_its_size_is_fitted_apart_from_the_cost(tmp_p
     assert report["burst_delay"]["delay_per_first_token"] == pytest.approx(0.15e-3, rel=1e-6)
 
 
-def test_a_token_table_the_steps_cannot_be_read_from_is_refused_naming_its_first_bad_row(
+def test_a_token_table_that_contradicts_itself_is_refused_naming_its_first_bad_row(
     tmp_path: Path,
 ):
+    """By every command that reads a run folder back (load_run): fairsim-calibrate and
+    fairsim-compare read all three defects silently before."""
     run_config(compose_config(BURSTY_SHORT_CHATS), tmp_path / "run")
+    shutil.copytree(tmp_path / "run", tmp_path / "intact")
     tokens_path = tmp_path / "run" / "tokens.parquet"
     tokens = pd.read_parquet(tokens_path)
     requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
@@ -117,7 +122,11 @@ def test_a_token_table_the_steps_cannot_be_read_from_is_refused_naming_its_first
     }
     for why, bad in defects.items():
         bad.to_parquet(tokens_path, index=False)
-        with pytest.raises(ConfigError, match=why) as err:
-            calibrate(tmp_path / "run", tmp_path / "calibration")
         first = len(tokens) if why == "the token is recorded twice" else 7
-        assert f"tokens.parquet: row {first} (request_id " in str(err.value), why
+        for command in (
+            lambda: calibrate(tmp_path / "run", tmp_path / "calibration"),
+            lambda: compare([tmp_path / "intact", tmp_path / "run"]),
+        ):
+            with pytest.raises(ConfigError, match=why) as err:
+                command()
+            assert f"tokens.parquet: row {first} (request_id " in str(err.value), why

@@ -44,6 +44,11 @@ class IncompleteRunError(FileNotFoundError):
     """A folder that holds no finished run (it failed, was interrupted, or is not a run)."""
 
 
+class MalformedRunError(ValueError):
+    """A finished run's tables contradict themselves (e.g. edited by hand, or written by
+    another tool): reading on would score data that is not there."""
+
+
 @dataclass(frozen=True)
 class RunOutputs:
     requests: pd.DataFrame
@@ -338,9 +343,12 @@ def load_run(folder: str | Path) -> RunOutputs:
         raise IncompleteRunError(f"{folder}: the run {state}{error}; it holds no finished run")
     if missing:
         raise IncompleteRunError(f"{folder}: marked completed but {missing} are missing")
+    requests = pd.read_parquet(folder / "requests.parquet")
+    tokens = pd.read_parquet(folder / "tokens.parquet")
+    check_token_table(tokens, requests, folder / "tokens.parquet")
     return RunOutputs(
-        requests=pd.read_parquet(folder / "requests.parquet"),
-        tokens=pd.read_parquet(folder / "tokens.parquet"),
+        requests=requests,
+        tokens=tokens,
         steps=pd.read_parquet(folder / "steps.parquet"),
         summary=json.loads((folder / "summary.json").read_text()),
         counters=(
@@ -349,6 +357,26 @@ def load_run(folder: str | Path) -> RunOutputs:
             else None
         ),
     )
+
+
+def check_token_table(tokens: pd.DataFrame, requests: pd.DataFrame, path: Path) -> None:
+    """Refuse a token table that cannot be scored, naming its first bad row: a time that is
+    no finite number, a token recorded twice, a token of no request in the run."""
+    time = pd.to_numeric(tokens["time"], errors="coerce").to_numpy(dtype=np.float64)
+    problems = (
+        (~np.isfinite(time), "time is not a finite number"),
+        (tokens.duplicated(["request_id", "index"]).to_numpy(), "the token is recorded twice"),
+        (~tokens["request_id"].isin(requests["request_id"]).to_numpy(), "no such request"),
+    )
+    for bad, why in problems:
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            request, index = tokens["request_id"].iloc[row], tokens["index"].iloc[row]
+            raise MalformedRunError(
+                f"{path}: row {row} (request_id {request}, index {index}): {why} "
+                f"({int(bad.sum())} such rows); each token of a request in requests.parquet "
+                "is recorded once, with its time in seconds"
+            )
 
 
 def json_safe(value: Any) -> Any:

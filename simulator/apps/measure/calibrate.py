@@ -41,7 +41,12 @@ from cost_models.base import CostModelError
 from simulator.apps.common.command import run_command
 from simulator.core.errors import ConfigError
 from simulator.metrics.step_inference import default_gap, infer_steps
-from simulator.report.run_folder import IncompleteRunError, load_run, write_text_atomically
+from simulator.report.run_folder import (
+    IncompleteRunError,
+    MalformedRunError,
+    load_run,
+    write_text_atomically,
+)
 
 PARAMETERS = (
     "step_overhead",
@@ -129,34 +134,13 @@ def predict(values: dict[str, float], steps: pd.DataFrame) -> np.ndarray:
     return design(steps) @ np.array([values[p] for p in TERMS])
 
 
-def check_tokens(tokens: pd.DataFrame, requests: pd.DataFrame, path: Path) -> None:
-    """Refuse a token table the steps cannot be read from, naming the first bad row: a time
-    that is no finite number, a token recorded twice, a token of no request in the run."""
-    time = pd.to_numeric(tokens["time"], errors="coerce").to_numpy(dtype=np.float64)
-    problems = (
-        (~np.isfinite(time), "time is not a finite number"),
-        (tokens.duplicated(["request_id", "index"]).to_numpy(), "the token is recorded twice"),
-        (~tokens["request_id"].isin(requests["request_id"]).to_numpy(), "no such request"),
-    )
-    for bad, why in problems:
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            request, index = tokens["request_id"].iloc[row], tokens["index"].iloc[row]
-            raise ConfigError(
-                f"{path}: row {row} (request_id {request}, index {index}): "
-                f"{why} ({int(bad.sum())} such rows); each token of a request in "
-                "requests.parquet is recorded once, with its arrival time in seconds"
-            )
-
-
 def calibrate(run: Path, out: Path, gap: float | None = None) -> dict[str, Any]:
     try:
         outputs = load_run(run)
-    except IncompleteRunError as err:
+    except (IncompleteRunError, MalformedRunError) as err:
         raise ConfigError(str(err)) from None
     requests, tokens = outputs.requests, outputs.tokens
     assert tokens is not None  # load_run reads every table
-    check_tokens(tokens, requests, run / "tokens.parquet")
     completed = requests[requests["status"] == "completed"]
     tokens = tokens[tokens["request_id"].isin(completed["request_id"])]
     try:

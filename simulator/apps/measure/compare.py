@@ -21,6 +21,7 @@ from simulator.core.errors import ConfigError
 from simulator.metrics.latency import per_request_latency, tbt_values
 from simulator.report.run_folder import (
     IncompleteRunError,
+    MalformedRunError,
     RunOutputs,
     json_safe,
     load_run,
@@ -106,7 +107,7 @@ def compare(folders: list[Path]) -> dict[str, Any]:
     for f in folders:
         try:
             runs.append(load_run(f))
-        except IncompleteRunError as err:
+        except (IncompleteRunError, MalformedRunError) as err:
             raise ConfigError(str(err)) from None
     labels = labels_of(folders)
     values = [samples(r) for r in runs]
