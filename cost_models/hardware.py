@@ -337,18 +337,27 @@ MODELS = {
 # PCIe (Gen4 x16 32 GB/s, Gen5 64 GB/s) for cards without NVLink. The RTX 4090's bf16 rate is
 # with fp32 accumulation (165 TFLOP/s; 330 with fp16 accumulation, which vLLM does not use).
 # Dense INT8 tensor rates from the same datasheets (the A10's for the A10G); the RTX PRO 6000's
-# datasheet gives none, so int8 runs at its fp8 rate there.
+# datasheet gives none, so int8 runs at its fp8 rate there. B200: the HGX B200 at 1,000 W (2.25
+# PFLOP/s dense bf16, 4.5 fp8 and int8; NVLink 5 at 1.8 TB/s both ways), 183,359 MiB as CUDA
+# reports it, and 7.7 TB/s: its drivers report a 7,680-bit bus, which at its 3,996 MHz memory
+# clock moves 7.67 TB/s (NVIDIA rounds to 8). A100 40GB: the 80GB card's rates at 1,555 GB/s.
+# L4: the datasheet's rates halved (it quotes them with sparsity), 23,034 MiB, PCIe Gen4.
 GPUS = {
     g.name: g
     for g in (
         GPUSpec("a10g", 24 * GIB, 600e9, 125e12, int8_flops=250e12),
+        GPUSpec("a100-40gb", 40 * GIB, 1.555e12, 312e12, link_bandwidth=300e9, int8_flops=624e12),
         GPUSpec("a100-80gb", 80 * GIB, 2.0e12, 312e12, link_bandwidth=300e9, int8_flops=624e12),
+        GPUSpec("b200", 183359 * 2**20, 7.7e12, 2250e12, link_bandwidth=900e9, fp8_flops=4500e12,
+                int8_flops=4500e12),
         GPUSpec("h100", 81559 * 2**20, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
                 int8_flops=1979e12),
         GPUSpec("h200", 143771 * 2**20, 4.8e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
                 int8_flops=1979e12),
         GPUSpec("l40s", 46068 * 2**20, 864e9, 362e12, link_bandwidth=32e9, fp8_flops=733e12,
                 int8_flops=733e12),
+        GPUSpec("l4", 23034 * 2**20, 300e9, 121e12, link_bandwidth=32e9, fp8_flops=242.5e12,
+                int8_flops=242.5e12),
         GPUSpec("rtx-4090", 25.25e9, 1008e9, 165e12, link_bandwidth=32e9, fp8_flops=330e12,
                 int8_flops=660.6e12),
         GPUSpec("rtx-pro-6000", 97887 * 2**20, 1792e9, 504e12, link_bandwidth=64e9,

@@ -337,7 +337,8 @@ def test_attention_counts_the_heads_width_where_it_differs_from_the_hidden_size(
 
 
 def test_the_gpus_carry_their_datasheet_figures_and_fp8_doubles_the_rate_where_it_exists():
-    for name in ("h100", "h200", "a100-80gb", "l40s", "rtx-4090", "rtx-pro-6000"):
+    for name in ("b200", "h200", "h100", "a100-80gb", "a100-40gb", "l40s", "l4", "rtx-4090",
+                 "rtx-pro-6000"):  # fmt: skip
         assert name in GPUS
     h100, a100 = GPUS["h100"], GPUS["a100-80gb"]
     assert h100.flops_for("fp8") == pytest.approx(2 * h100.flops_for("16-bit"), rel=0.001)
@@ -346,6 +347,20 @@ def test_the_gpus_carry_their_datasheet_figures_and_fp8_doubles_the_rate_where_i
     fast = RooflineCost(model="llama-3.1-8b", gpu="h100", dtype="fp8")
     slow = RooflineCost(model="llama-3.1-8b", gpu="h100", dtype="bf16")
     assert fast.decode_time(8, 8000) < slow.decode_time(8, 8000)  # half the weight bytes
+
+
+def test_a_b200_holds_the_kv_its_memory_leaves_and_reads_weights_at_its_bandwidth():
+    # 183,359 MiB as nvidia-smi reports a B200; Llama-2-7B: 32 layers x 32 KV heads x 128
+    # wide x 2 (keys, values) x 2 bytes = 524,288 bytes of KV per token
+    b200, h100 = RooflineCost(model="llama-2-7b", gpu="b200"), RooflineCost(gpu="h100")
+    weights = MODELS["llama-2-7b"].weight_bytes
+    expected = (183359 * 2**20 * 0.9 - weights - 2 * 2**30) // 524288
+    assert b200.kv_capacity_tokens() == expected
+    # one token through the layers reads their weights: memory bound, 7.7 against 3.35 TB/s
+    ratio = float(h100.linear_time(1) / b200.linear_time(1))
+    assert ratio == pytest.approx(7.7 / 3.35, rel=1e-12)
+    # fp8 at twice the 16-bit rate, as on the H100
+    assert GPUS["b200"].flops_for("fp8") == 2 * GPUS["b200"].flops_for("16-bit")
 
 
 def test_a_gpu_of_ones_own_is_given_by_its_datasheet_figures():

@@ -28,7 +28,8 @@ REPLAY_METRICS = ("ttft_mean", "ttft_p90", "e2e_mean", "e2e_p90", "tpot_mean")
 
 # the GPU each logged folder ran on (its name in the log), as fairsim names it
 GPU_FOLDERS = {"RTX4090": "rtx-4090", "RTXPRO6000": "rtx-pro-6000", "H100": "h100",
-               "A100": "a100-80gb", "L40S": "l40s"}  # fmt: skip
+               "H200": "h200", "B200": "b200", "A100": "a100-80gb", "L40S": "l40s",
+               "L4": "l4"}  # fmt: skip
 # vLLM's dtype argument, as cost_model.dtype names it
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 # LLMServingSim's summary rows, as REPLAY_METRICS names them
