@@ -31,17 +31,23 @@ def arrivals(seed: int, n: int) -> list[tuple[float, int, int, int]]:
     ]
 
 
-def run_live(session: LiveSession, requests, seed: int) -> dict[int, list[float]]:
+def run_live(
+    session: LiveSession, requests, seed: int, form: bool = True
+) -> dict[int, list[float]]:
     """Submit each request at its time, advancing in between by random amounts; collect what
-    is streamed."""
+    is streamed. `form` False: as the live server does, each advance applies the steps that
+    ended and the next are formed once their tokens are out (by `next_event`, or the next
+    advance when a request comes first)."""
     rng = np.random.default_rng(seed + 1)
     streamed: dict[int, list[float]] = {}
     for t, client, prompt, output, *more in requests:  # more: interaction fields, if any
         while session.now < t:  # advance in random slices, never past the next arrival
-            session.advance(min(t, session.now + float(rng.uniform(0.0, 0.3))))
+            session.advance(min(t, session.now + float(rng.uniform(0.0, 0.3))), form)
             for e in session.emitted():
                 assert all(x < session.now for x in e.times)  # nothing from the future
                 streamed.setdefault(e.row, []).extend(e.times)
+            if rng.random() < 0.5:
+                session.next_event()
         session.submit(client, prompt, output, t, **(more[0] if more else {}))
     horizon = max(session.next_event(), session.now)
     while horizon < np.inf:
@@ -52,12 +58,13 @@ def run_live(session: LiveSession, requests, seed: int) -> dict[int, list[float]
     return streamed
 
 
+@pytest.mark.parametrize("form", [True, False], ids=["formed_at_once", "formed_after_hand_out"])
 @pytest.mark.parametrize("engine", [SLoRAConfig(pool_tokens=6000), VLLMConfig(pool_tokens=6000)])
 @pytest.mark.parametrize("policy", [FCFS, VTC])
-def test_a_live_run_is_the_offline_run_of_its_arrivals(engine, policy):
+def test_a_live_run_is_the_offline_run_of_its_arrivals(engine, policy, form):
     requests = arrivals(7, 150)
     session = LiveSession(policy(), COST, engine, clients=CLIENTS, capacity=400)
-    streamed = run_live(session, requests, 7)
+    streamed = run_live(session, requests, 7, form)
     live = session.close()
     offline = simulate(session.arrivals(), policy(), COST, engine)
     assert live.status.tolist() == offline.status.tolist()
@@ -147,6 +154,43 @@ def test_an_aborted_request_stops_and_frees_its_memory_at_the_next_step(engine):
 
 
 @pytest.mark.parametrize("engine", [SLoRAConfig(pool_tokens=6000), VLLMConfig(pool_tokens=6000)])
+def test_a_step_is_formed_only_once_the_tokens_before_it_are_handed_out(engine):
+    """The live server's order (vLLM's: a step's output goes out before the next is
+    scheduled): `advance(t, form=False)` applies the steps that ended and forms none, so their
+    tokens are out before the next step is formed; the next `next_event()` forms it. An abort
+    meanwhile comes after that step: the timeline is the one of forming at once."""
+    timelines = []
+    for form in (True, False):
+        session = LiveSession(FCFS(), COST, engine, clients=CLIENTS)
+        rows = [session.submit(0, 300, 200, 0.0), session.submit(1, 800, 300, 0.0)]
+        rep = session.runner.replicas[0]
+        formed: list[float] = []  # the instants the replica forms a step at
+
+        def schedule(frontier, rep=rep, formed=formed, plain=rep.schedule):
+            formed.append(rep.now)
+            return plain(frontier)
+
+        rep.schedule = schedule
+        session.advance(0.5, form)
+        session.next_event()  # (the server asks when to wake)
+        session.advance(1.0, form)
+        news = session.emitted()
+        assert news and all(e.times for e in news)  # the ended steps' tokens
+        assert max(t for e in news for t in e.times) <= rep.now < 1.0  # its last step's end
+        assert (formed[-1] == rep.now) == form  # the step starting there: formed, or not yet
+        due = session.next_event()
+        assert formed[-1] == rep.now and due >= 1.0  # formed now, to end later
+        session.advance(1.5, form)
+        session.abort(rows[0])
+        timelines.append(session.close())
+    at_once, after = timelines
+    assert at_once.reason.tolist() == after.reason.tolist()
+    assert at_once.reason[rows[0]] == "aborted"
+    for a, b in zip(at_once.token_times(), after.token_times(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("engine", [SLoRAConfig(pool_tokens=6000), VLLMConfig(pool_tokens=6000)])
 def test_vtc_with_a_prediction_charges_an_aborted_request_only_the_tokens_it_streamed(engine):
     """VTC(oracle) charges a request's whole output (its max_tokens) when it is admitted; its
     client going away mid-stream gives back what was never streamed: the client's counter
@@ -162,14 +206,15 @@ def test_vtc_with_a_prediction_charges_an_aborted_request_only_the_tokens_it_str
     assert vtc.counter[0] == 300 + 2 * got
 
 
+@pytest.mark.parametrize("form", [True, False], ids=["formed_at_once", "formed_after_hand_out"])
 @pytest.mark.parametrize("dispatcher", ["round_robin", "least_requests"])
-def test_a_live_cluster_is_the_offline_run_of_its_arrivals(dispatcher):
+def test_a_live_cluster_is_the_offline_run_of_its_arrivals(dispatcher, form):
     """Two replicas: assigned up front (round robin, each runs alone) or coupled (least
     requests, stepping together)."""
     requests = arrivals(11, 150)
     engine, cluster = VLLMConfig(pool_tokens=3000), ClusterConfig(2, dispatcher)
     session = LiveSession(FCFS(), COST, engine, cluster, clients=CLIENTS, capacity=200)
-    streamed = run_live(session, requests, 11)
+    streamed = run_live(session, requests, 11, form)
     live = session.close()
     offline = simulate(session.arrivals(), FCFS(), COST, engine, cluster)
     for a, b in zip(live.token_times(), offline.token_times(), strict=True):

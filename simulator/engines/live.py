@@ -148,9 +148,11 @@ class LiveSession:
         at the next step; it ends as rejected, reason `aborted`."""
         self.runner.abort(row, self.now)
 
-    def advance(self, t: float) -> None:
-        """Run the simulation up to `t`: no arrival before `t` remains to be submitted."""
-        self.runner.run_until(t)
+    def advance(self, t: float, form: bool = True) -> None:
+        """Run the simulation up to `t`: no arrival before `t` remains to be submitted. `form`
+        False: apply the steps that end before `t` but form the next ones only at the next
+        `next_event()` (or call): a server hands out the tokens first (OnlineRunner.form)."""
+        self.runner.run_until(t, form)
 
     def next_event(self) -> float:
         """The earliest simulated time at which a step may end (inf: none until a request is

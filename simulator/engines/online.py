@@ -7,6 +7,15 @@ first writes a row with `fill_row`, since it learns a request only when it comes
 pushed: the frontier. Replicas never apply a step that ends at or after it, so the timeline is
 exactly the one an offline run of the same arrivals gives. A client that goes away `abort`s its
 request.
+
+`run_until(t, form=False)` applies the steps that end before `t` and leaves the next step of
+each standalone replica unformed until `form()`: a live server hands the ended steps' tokens to
+their clients first, as vLLM's engine sends a step's output before it schedules the next one
+(forming a step with a prefill takes a millisecond of Python on a busy machine, which would
+otherwise delay the tokens of the step before it). The next step depends only on the state at
+its start, which nothing that comes meanwhile can change (an arrival then comes at or after the
+frontier; an abort forms it first), so the timeline is the same. Coupled replicas decide at
+their steps' instants and form at once.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ class OnlineRunner(Runner):
         arrives. It ends as rejected, reason `aborted`."""
         if self.state.status[req] != IN_FLIGHT:
             return
+        self.form()  # a step due before the abort is formed without knowing of it
         self._aborted.add(req)
         for queue in {id(q): q for q in self.queues}.values():
             if req in queue:
@@ -85,16 +95,32 @@ class OnlineRunner(Runner):
             for rep in self.replicas:  # the replica running it drops it at its next step
                 rep.abort(req)
 
-    def run_until(self, t: float) -> None:
-        """Advance to time `t`: every arrival before `t` has been pushed."""
+    def run_until(self, t: float, form: bool = True) -> None:
+        """Advance to time `t`: every arrival before `t` has been pushed. `form` False: the
+        standalone replicas' next steps are formed only by `form()` (or the next call)."""
         if t < self.frontier:
             raise ValueError(f"run_until: {t} s is before the frontier {self.frontier} s")
-        self.frontier = t
+        self.form()
+        self.frontier, self.forming = t, form
         self.advance(t)
+
+    def form(self) -> None:
+        """Form the steps `run_until(t, form=False)` left unformed (and apply those that end
+        before the frontier, forming the next): the replicas waiting for the frontier to move
+        go on at the present instant."""
+        if self.forming:
+            return
+        self.forming = True
+        env = self.env
+        moved, self._frontier_moved = self._frontier_moved, env.event()
+        moved.succeed()
+        while env.peek() <= env.now:  # what follows at this instant (the frontier stays)
+            env.step()
 
     def next_event(self) -> float:
         """The earliest simulated time at which a step may end or a known arrival
-        come (inf: nothing until something is pushed)."""
+        come (inf: nothing until something is pushed). Forms the steps not yet formed."""
+        self.form()
         ends = [plan.end for plan in self._held if plan is not None]
         ends += [t for t in self._stepping if t is not None]
         # an arrival before the frontier waits only for the step under way to end

@@ -205,6 +205,9 @@ class Runner:
         self._changed: simpy.Event | None = None  # coupled: a release or push to wait for
         self._frontier_moved = self.env.event()
         self.started = False
+        # live (OnlineRunner): False while the tokens of the steps just applied are handed out;
+        # a standalone replica then forms its next step only once `forming` is True again
+        self.forming = True
         self._next_scrape = np.inf  # when a dispatcher next takes a snapshot of its replicas
         self._next_tick = np.inf  # when the autoscaler next reads the replicas
         self._gateway_wake: simpy.Event | None = None  # set while the gateway's TTL timer waits
@@ -403,7 +406,7 @@ class Runner:
     # ---- running ----------------------------------------------------------------------------
     def close(self) -> Timeline:
         """No more arrivals will be pushed: run to completion (or the horizon)."""
-        self.frontier = np.inf
+        self.frontier, self.forming = np.inf, True
         self.advance(None)
         if self.progress is not None:
             self.report(self.env.now, done=True)
@@ -503,6 +506,8 @@ class Runner:
                     self.tick(rep.now)
                 if horizon is not None and rep.now >= horizon:
                     return DONE
+                if not self.forming:
+                    return HELD  # until the frontier moves (OnlineRunner.form)
                 plan = rep.schedule(self.frontier)
                 if plan is None:
                     return IDLE

@@ -208,19 +208,22 @@ class LiveEngine:
         gc.callbacks.append(self._time_gc)
         try:
             while not self.stopped:
+                self.wake.clear()  # (a request that comes from here on wakes the next wait)
                 now = self.clock.now()
                 if now > session.now:
-                    session.advance(now)
+                    session.advance(now, form=False)  # the steps that ended, not the next
                 handed = self.clock.now()  # the tokens' release: the write lag starts here
-                for news in session.emitted():
+                handed_out = session.emitted()
+                for news in handed_out:
                     stream = self.streams[news.row]
                     for t in news.times:
                         stream.events.put_nowait(("token", t, handed))
                     if news.ended:
                         stream.events.put_nowait(("end", news.status, news.reason))
                         del self.streams[news.row]
-                due = session.next_event()
-                self.wake.clear()
+                if handed_out:  # the handlers write the tokens before the next step is formed
+                    await asyncio.sleep(0)
+                due = session.next_event()  # (forms the next step)
                 timeout = None if due == math.inf else self.clock.seconds_until(due)
                 if timeout is not None and timeout < TIMER_RESOLUTION:
                     await asyncio.sleep(0)  # the last millisecond: yield, don't sleep (see above)
