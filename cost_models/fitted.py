@@ -130,7 +130,8 @@ class FittedCost(RooflineCost):
         ring = np.zeros_like(t)
         calls = 0.0
         if tp > 1:
-            ring = 2 * m.layers * 2.0 * (tp - 1) / tp * t * m.hidden * 2 / g.link_bandwidth
+            link = g.allreduce_bandwidth(tp)
+            ring = 2 * m.layers * 2.0 * (tp - 1) / tp * t * m.hidden * 2 / link
             calls = float(2 * m.layers)
         ones = np.ones_like(t)
         return np.column_stack([weights, beyond, attention, ring, calls * ones, r, ones])

@@ -270,6 +270,9 @@ class GPUSpec:
     link_bandwidth: float = 0.0  # bytes/s per GPU for tensor-parallel all-reduce (0: none)
     fp8_flops: float = 0.0  # dense fp8 FLOP/s (0: no fp8 tensor cores; fp8 weights run at bf16)
     int8_flops: float = 0.0  # dense int8 OP/s (0: the fp8 rate, else the 16-bit one)
+    # GPUs wired to each other directly, without a switch (AMD's Infinity Fabric mesh):
+    # `link_bandwidth` is then per peer, and an all-reduce over tp GPUs runs on tp - 1 links
+    mesh: bool = False
 
     def __post_init__(self) -> None:
         for key in ("memory_bytes", "hbm_bandwidth", "peak_flops"):
@@ -278,6 +281,11 @@ class GPUSpec:
         for key in ("link_bandwidth", "fp8_flops", "int8_flops"):
             if not getattr(self, key) >= 0:
                 raise CostModelError(f"gpu {self.name!r}: {key} must be >= 0 (0: none)")
+
+    def allreduce_bandwidth(self, tp: int) -> float:
+        """Bytes/s one GPU of a tensor-parallel group of `tp` sends per direction at once: its
+        switch link's rate, or on a mesh its `tp - 1` links' to the others."""
+        return self.link_bandwidth * (tp - 1) if self.mesh else self.link_bandwidth
 
     def flops_for(self, compute: str) -> float:
         """Dense tensor FLOP/s of matrix products in `compute` (`ModelSpec.compute`): fp8 and
@@ -342,6 +350,9 @@ MODELS = {
 # reports it, and 7.7 TB/s: its drivers report a 7,680-bit bus, which at its 3,996 MHz memory
 # clock moves 7.67 TB/s (NVIDIA rounds to 8). A100 40GB: the 80GB card's rates at 1,555 GB/s.
 # L4: the datasheet's rates halved (it quotes them with sparsity), 23,034 MiB, PCIe Gen4.
+# MI300X (AMD's datasheet): 1,307 TFLOP/s dense bf16, 2,615 fp8 and int8, 5.3 TB/s, the
+# 205,822,885,888 bytes ROCm reports, and seven Infinity Fabric links of 64 GB/s each way, one
+# to each other GPU of the eight (a mesh: tp 2 all-reduces over one of them, tp 8 over seven).
 GPUS = {
     g.name: g
     for g in (
@@ -356,6 +367,8 @@ GPUS = {
                 int8_flops=1979e12),
         GPUSpec("l40s", 46068 * 2**20, 864e9, 362e12, link_bandwidth=32e9, fp8_flops=733e12,
                 int8_flops=733e12),
+        GPUSpec("mi300x", 205822885888, 5.3e12, 1307.4e12, link_bandwidth=64e9,
+                fp8_flops=2614.9e12, int8_flops=2614.9e12, mesh=True),
         GPUSpec("l4", 23034 * 2**20, 300e9, 121e12, link_bandwidth=32e9, fp8_flops=242.5e12,
                 int8_flops=242.5e12),
         GPUSpec("rtx-4090", 25.25e9, 1008e9, 165e12, link_bandwidth=32e9, fp8_flops=330e12,
@@ -398,7 +411,14 @@ def gpu_spec(gpu: str | GPUSpec | Mapping[str, Any]) -> GPUSpec:
                 f"{', '.join(k for k in accepted if k not in REQUIRED_GPU_KEYS)}"
             )
         values: dict[str, Any] = {"name": str(gpu["name"])}
-        for key in sorted(set(gpu) - {"name"}):
+        if "mesh" in gpu:
+            if not isinstance(gpu["mesh"], bool):
+                raise CostModelError(
+                    f"cost_model.gpu.mesh={gpu['mesh']!r}: true or false (true: GPUs wired to "
+                    "each other without a switch, link_bandwidth per peer)"
+                )
+            values["mesh"] = gpu["mesh"]
+        for key in sorted(set(gpu) - {"name", "mesh"}):
             try:
                 values[key] = float(gpu[key])
             except (TypeError, ValueError):

@@ -113,7 +113,7 @@ class RooflineCost:
             return np.zeros_like(np.asarray(tokens, dtype=np.float64))
         m, g = self.model_spec, self.gpu_spec
         data = np.asarray(tokens, dtype=np.float64) * m.hidden * 2  # activations stay 16-bit
-        ring = 2.0 * (self.tp - 1) / self.tp * data / g.link_bandwidth
+        ring = 2.0 * (self.tp - 1) / self.tp * data / g.allreduce_bandwidth(self.tp)
         return 2 * m.layers * (self.allreduce_latency + ring)
 
     def token_level_time(self, tokens: float | np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from command_lines import MIXTRAL_CONFIG
 from conftest import shared_file
 from cost_models import GPUS, MODELS, CostModelError, FittedCost, RooflineCost
+from cost_models.fitted import TERMS
 from cost_models.hf_config import model_from_hf_config, model_from_path
 from cost_models.roofline import vllm_reserve
 from policies import FCFS
@@ -361,6 +362,29 @@ def test_a_b200_holds_the_kv_its_memory_leaves_and_reads_weights_at_its_bandwidt
     assert ratio == pytest.approx(7.7 / 3.35, rel=1e-12)
     # fp8 at twice the 16-bit rate, as on the H100
     assert GPUS["b200"].flops_for("fp8") == 2 * GPUS["b200"].flops_for("16-bit")
+
+
+def test_on_a_mesh_of_gpus_an_all_reduce_runs_over_a_link_to_each_peer():
+    """MI300X: 64 GB/s each way to each of its seven peers, no switch. A ring all-reduce sends
+    2 (tp - 1) / tp of the data; over tp - 1 links at once that takes 2 / tp of the data over
+    one link's rate: tp 2 at 64 GB/s, tp 8 four times faster. Behind a switch (H100) the
+    link's rate is the GPU's whatever tp."""
+    data = 1000 * 8192 * 2  # 1,000 tokens of Llama-2-70B's hidden state, 16-bit
+    per_call = {}
+    for tp in (2, 8):
+        cost = RooflineCost(model="llama-2-70b", gpu="mi300x", tp=tp, allreduce_latency=0.0)
+        per_call[tp] = float(cost.allreduce_time(1000)) / (2 * 80)  # 2 per layer
+        assert per_call[tp] == pytest.approx(2 / tp * data / 64e9, rel=1e-12)
+    assert per_call[2] / per_call[8] == pytest.approx(4.0)
+    h100 = RooflineCost(model="llama-2-70b", gpu="h100", tp=8, allreduce_latency=0.0)
+    assert float(h100.allreduce_time(1000)) / 160 == pytest.approx(2 * 7 / 8 * data / 450e9)
+    fitted = FittedCost(model="llama-2-70b", gpu="mi300x", tp=2)  # the same term, fitted
+    one = np.array([1000]), np.array([1]), np.array([0]), np.array([0])
+    ring = fitted.term_matrix(*one)[0, TERMS.index("allreduce")]
+    assert ring == pytest.approx(2 * 80 * per_call[2], rel=1e-12)
+    figures = {"name": "x", "memory_bytes": 1e9, "hbm_bandwidth": 1e12, "peak_flops": 1e14}
+    with pytest.raises(CostModelError, match="mesh='yes': true or false"):
+        RooflineCost(gpu={**figures, "mesh": "yes"})
 
 
 def test_a_gpu_of_ones_own_is_given_by_its_datasheet_figures():
