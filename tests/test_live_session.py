@@ -11,7 +11,7 @@ import pytest
 from hydra.utils import instantiate
 
 import conf
-from policies import FCFS, VTC
+from policies import FCFS, RPM, VTC
 from simulator.api import compose_config
 from simulator.core.errors import ConfigError
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
@@ -188,6 +188,22 @@ def test_a_step_is_formed_only_once_the_tokens_before_it_are_handed_out(engine):
     assert at_once.reason[rows[0]] == "aborted"
     for a, b in zip(at_once.token_times(), after.token_times(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_idle_replica_takes_in_an_arrival_before_anything_is_handed_out():
+    """Only a step's successor waits for its tokens to go out: an arrival at an idle replica
+    is taken in (here, rejected by its rate limit) by `advance(t, form=False)` itself, so the
+    server's one `emitted()` after it reports the rejection (a deferred one went unreported,
+    and the client waited)."""
+    session = LiveSession(RPM(limit=1), COST, VLLMConfig(pool_tokens=6000), clients=CLIENTS)
+    first = session.submit(0, 10, 2, 0.0)
+    session.advance(1.0, form=False)
+    session.form()
+    assert [e.row for e in session.emitted() if e.ended] == [first]
+    second = session.submit(0, 10, 2, 1.0)  # the same client within the minute
+    session.advance(1.5, form=False)
+    news = session.emitted()
+    assert [(e.row, e.status, e.reason) for e in news] == [(second, "rejected", "rpm_limit")]
 
 
 @pytest.mark.parametrize("engine", [SLoRAConfig(pool_tokens=6000), VLLMConfig(pool_tokens=6000)])

@@ -150,9 +150,15 @@ class LiveSession:
 
     def advance(self, t: float, form: bool = True) -> None:
         """Run the simulation up to `t`: no arrival before `t` remains to be submitted. `form`
-        False: apply the steps that end before `t` but form the next ones only at the next
-        `next_event()` (or call): a server hands out the tokens first (OnlineRunner.form)."""
+        False: apply the steps that end before `t` but form the next ones only at `form()` (or
+        the next call): a server hands out the tokens first (OnlineRunner.form)."""
         self.runner.run_until(t, form)
+
+    def form(self) -> bool:
+        """Form the steps `advance(t, form=False)` left unformed; forming may apply more that
+        end before `now` (a late caller), whose tokens `emitted()` then gives. False: nothing
+        was left to form."""
+        return self.runner.form()
 
     def next_event(self) -> float:
         """The earliest simulated time at which a step may end (inf: none until a request is

@@ -8,14 +8,14 @@ pushed: the frontier. Replicas never apply a step that ends at or after it, so t
 exactly the one an offline run of the same arrivals gives. A client that goes away `abort`s its
 request.
 
-`run_until(t, form=False)` applies the steps that end before `t` and leaves the next step of
-each standalone replica unformed until `form()`: a live server hands the ended steps' tokens to
-their clients first, as vLLM's engine sends a step's output before it schedules the next one
-(forming a step with a prefill takes a millisecond of Python on a busy machine, which would
-otherwise delay the tokens of the step before it). The next step depends only on the state at
-its start, which nothing that comes meanwhile can change (an arrival then comes at or after the
-frontier; an abort forms it first), so the timeline is the same. Coupled replicas decide at
-their steps' instants and form at once.
+`run_until(t, form=False)` applies the steps that end before `t`, and a standalone replica
+that applied one leaves the next unformed until `form()`: a live server hands the ended steps'
+tokens to their clients first, as vLLM's engine sends a step's output before it schedules the
+next one (forming a step with a prefill takes a millisecond of Python on a busy machine, which
+would otherwise delay the tokens of the step before it). The next step depends only on the
+state at its start, which nothing that comes meanwhile can change (an arrival then comes at or
+after the frontier; an abort forms it first), so the timeline is the same. Coupled replicas
+decide at their steps' instants and form at once.
 """
 
 from __future__ import annotations
@@ -104,18 +104,19 @@ class OnlineRunner(Runner):
         self.frontier, self.forming = t, form
         self.advance(t)
 
-    def form(self) -> None:
+    def form(self) -> bool:
         """Form the steps `run_until(t, form=False)` left unformed (and apply those that end
         before the frontier, forming the next): the replicas waiting for the frontier to move
-        go on at the present instant."""
+        go on at the present instant. False: nothing was left to form."""
         if self.forming:
-            return
+            return False
         self.forming = True
         env = self.env
         moved, self._frontier_moved = self._frontier_moved, env.event()
         moved.succeed()
         while env.peek() <= env.now:  # what follows at this instant (the frontier stays)
             env.step()
+        return True
 
     def next_event(self) -> float:
         """The earliest simulated time at which a step may end or a known arrival

@@ -206,7 +206,7 @@ class Runner:
         self._frontier_moved = self.env.event()
         self.started = False
         # live (OnlineRunner): False while the tokens of the steps just applied are handed out;
-        # a standalone replica then forms its next step only once `forming` is True again
+        # a standalone replica that applied a step then forms the next only once it is True
         self.forming = True
         self._next_scrape = np.inf  # when a dispatcher next takes a snapshot of its replicas
         self._next_tick = np.inf  # when the autoscaler next reads the replicas
@@ -499,6 +499,7 @@ class Runner:
     def _burst(self, rep: StepModel) -> int:
         feed, i, horizon = self._feeds[rep.index], rep.index, self.horizon
         feed.ingest(rep.now)  # applying a plan delivers every arrival up to its end
+        applied = False
         for _ in range(MAX_RUN_SEGMENTS):
             plan = self._held[i]
             if plan is None:
@@ -506,8 +507,8 @@ class Runner:
                     self.tick(rep.now)
                 if horizon is not None and rep.now >= horizon:
                     return DONE
-                if not self.forming:
-                    return HELD  # until the frontier moves (OnlineRunner.form)
+                if applied and not self.forming:  # its tokens go out first (OnlineRunner.form)
+                    return HELD
                 plan = rep.schedule(self.frontier)
                 if plan is None:
                     return IDLE
@@ -516,6 +517,7 @@ class Runner:
                 return HELD
             self._held[i] = None
             rep.apply(plan)
+            applied = True
         return BUSY
 
     def _coupled(self, rep: StepModel) -> Generator[simpy.Event, float, None]:

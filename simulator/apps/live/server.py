@@ -212,18 +212,21 @@ class LiveEngine:
                 now = self.clock.now()
                 if now > session.now:
                     session.advance(now, form=False)  # the steps that ended, not the next
-                handed = self.clock.now()  # the tokens' release: the write lag starts here
-                handed_out = session.emitted()
-                for news in handed_out:
-                    stream = self.streams[news.row]
-                    for t in news.times:
-                        stream.events.put_nowait(("token", t, handed))
-                    if news.ended:
-                        stream.events.put_nowait(("end", news.status, news.reason))
-                        del self.streams[news.row]
-                if handed_out:  # the handlers write the tokens before the next step is formed
-                    await asyncio.sleep(0)
-                due = session.next_event()  # (forms the next step)
+                while True:
+                    handed = self.clock.now()  # the tokens' release: the write lag starts here
+                    handed_out = session.emitted()
+                    for news in handed_out:
+                        stream = self.streams[news.row]
+                        for t in news.times:
+                            stream.events.put_nowait(("token", t, handed))
+                        if news.ended:
+                            stream.events.put_nowait(("end", news.status, news.reason))
+                            del self.streams[news.row]
+                    if handed_out:  # the handlers write them before the next step is formed
+                        await asyncio.sleep(0)
+                    if not session.form():  # (forming late may end more steps: hand them out)
+                        break
+                due = session.next_event()
                 timeout = None if due == math.inf else self.clock.seconds_until(due)
                 if timeout is not None and timeout < TIMER_RESOLUTION:
                     await asyncio.sleep(0)  # the last millisecond: yield, don't sleep (see above)
