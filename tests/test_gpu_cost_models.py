@@ -84,7 +84,9 @@ def test_vidur_profile_matches_the_same_measurement():
 def test_bad_descriptions_are_named():
     with pytest.raises(ValueError, match="cost_model.model='gpt-5': accepted: a preset"):
         RooflineCost("gpt-5", "h100")
-    with pytest.raises(ValueError, match="cost_model.gpu='tpu': accepted: a100-80gb"):
+    with pytest.raises(
+        ValueError, match="cost_model.gpu='tpu': accepted: a100-40gb, a100-80gb, a10g, b200"
+    ):
         RooflineCost("llama-2-7b", "tpu")
     with pytest.raises(ValueError, match=r"cost_model.gpu=\[1, 2\]: accepted"):  # a fuzzed list
         RooflineCost("llama-2-7b", [1, 2])  # type: ignore[arg-type]
