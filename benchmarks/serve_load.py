@@ -1,5 +1,8 @@
 """Live-mode load benchmark (target on a 2-core x86 VM with 24 GB, load generator included: p99 lag
-<= 10 ms at >= 2,000 tokens/s; measured 8.5-9.0 ms at 2,329 tokens/s in three runs).
+<= 10 ms at >= 2,000 tokens/s; measured 8.5-9.0 ms at 2,329 tokens/s in three runs). On a
+slower VM (2026-11-29, 2,268 tokens/s), once the driver hands out a step's tokens before it
+forms the next step, old and new code alternating: p99 lag 18.3 and 19.6 -> 14.6 and 14.0 ms,
+its release part's p99 9.0 and 8.4 -> 0.76 ms (`--seconds 15`).
 
 Starts `fairsim-serve` (real time, S-LoRA engine with the default A10G / Llama-7B cost model and
 a 100,000-token pool, FCFS) and runs N streaming clients in this process (default 200), each
