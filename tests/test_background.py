@@ -6,7 +6,6 @@ the parent."""
 
 from __future__ import annotations
 
-import glob
 import os
 import time
 from pathlib import Path
@@ -61,17 +60,30 @@ def _arrays() -> dict[str, np.ndarray]:
     }
 
 
-def _shared_files() -> set[str]:
-    return set(glob.glob("/dev/shm/fairsim-*")) | set(glob.glob("/tmp/fairsim-*"))
+@pytest.fixture
+def shared_files(monkeypatch) -> list[str]:
+    """The shared files this test's workers create (recorded as they are made: other processes,
+    a parallel test run's included, may hold files of the same name pattern meanwhile)."""
+    made: list[str] = []
+    mkstemp = background.tempfile.mkstemp
+
+    def recorded(*args, **kwargs):
+        fd, path = mkstemp(*args, **kwargs)
+        made.append(path)
+        return fd, path
+
+    monkeypatch.setattr(background.tempfile, "mkstemp", recorded)
+    return made
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["child", "inline"])
-def test_the_work_gets_its_arrays_intact_after_prepare_and_returns_its_result(fork, monkeypatch):
+def test_the_work_gets_its_arrays_intact_after_prepare_and_returns_its_result(
+    fork, monkeypatch, shared_files
+):
     if not fork:
         monkeypatch.setattr(background, "can_fork", lambda: False)
     elif not background.can_fork():
         pytest.skip("fork is unavailable here")
-    before = _shared_files()
     prepared.clear()
     arrays = _arrays()
     want = {k: float(np.asarray(v, dtype=np.float64).sum()) for k, v in arrays.items()}
@@ -92,7 +104,8 @@ def test_the_work_gets_its_arrays_intact_after_prepare_and_returns_its_result(fo
         assert got["pid"] != os.getpid()
         assert arrays["big"][0] != -1.0, "the child's write reached the parent's array"
         assert prepared == []  # prepared in the child, not here
-    assert _shared_files() == before
+        assert len(shared_files) == 2  # one per submitted work
+    assert not [f for f in shared_files if os.path.exists(f)]
 
 
 def test_a_failing_work_is_an_error_in_the_parent_with_its_traceback():
@@ -103,16 +116,16 @@ def test_a_failing_work_is_an_error_in_the_parent_with_its_traceback():
             worker.results()
 
 
-def test_a_failing_parent_stops_the_child_at_once(tmp_path):
+def test_a_failing_parent_stops_the_child_at_once(tmp_path, shared_files):
     target = tmp_path / "late.txt"
-    before = _shared_files()
     start = time.monotonic()
     with pytest.raises(KeyError), Worker() as worker:
         worker.submit(_sleep_then_write, target)
         raise KeyError("the parent failed")
     assert time.monotonic() - start < 10  # not the child's 30 s
     assert not target.exists()
-    assert _shared_files() == before
+    assert len(shared_files) == (1 if background.can_fork() else 0)
+    assert not [f for f in shared_files if os.path.exists(f)]
 
 
 def test_a_worker_given_no_work_ends_without_waiting():
