@@ -40,8 +40,9 @@ class ModelSpec:
     one latent of `kv_lora_rank` plus a rotary key of `qk_rope_head_dim`, shared by the heads:
     vLLM keeps a whole copy on every tensor-parallel GPU (`kv_copies`). Its heads attend with
     keys of `qk_nope_head_dim + qk_rope_head_dim` and values of `v_head_dim`. Layers of
-    `sliding_layers` attend to a short window (gpt-oss, Gemma 3): their KV, bounded by the
-    window, is not counted per token, nor are their attention pairs."""
+    `sliding_layers` attend to the last `sliding_window` tokens only (gpt-oss, Gemma 3): their
+    KV, bounded by the window, is not counted per token but held per request in window groups
+    (`kv_window`), and their attention pairs are not counted."""
 
     name: str
     layers: int
@@ -67,6 +68,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     sliding_layers: int = 0
+    sliding_window: int = 0  # tokens a sliding layer attends to (with sliding_layers > 0)
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
     linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
     compute: str = "16-bit"  # the matrix products' format: one of COMPUTE_FORMATS
@@ -98,7 +100,14 @@ class ModelSpec:
             raise CostModelError(
                 f"model {self.name!r}: experts_per_token must be in 1..experts ({self.experts})"
             )
-        for key in ("dense_layers_first", "q_lora_rank", "sliding_layers", "kv_lora_rank"):
+        keys = (
+            "dense_layers_first",
+            "q_lora_rank",
+            "sliding_layers",
+            "kv_lora_rank",
+            "sliding_window",
+        )
+        for key in keys:
             v = getattr(self, key)
             if int(v) != v or v < 0:
                 raise CostModelError(f"model {self.name!r}: {key} must be an integer >= 0")
@@ -106,6 +115,10 @@ class ModelSpec:
             raise CostModelError(
                 f"model {self.name!r}: dense_layers_first and sliding_layers must be below "
                 f"layers ({self.layers})"
+            )
+        if self.sliding_layers and self.sliding_window < 1:
+            raise CostModelError(
+                f"model {self.name!r}: sliding_layers > 0 needs sliding_window >= 1 (tokens)"
             )
         if not (self.expert_bytes >= 0 and self.linear_bytes >= 0):
             raise CostModelError(f"model {self.name!r}: expert_bytes and linear_bytes must be >= 0")
@@ -250,6 +263,20 @@ class ModelSpec:
             width = self.kv_lora_rank + self.qk_rope_head_dim
             return self.attention_layers * width * self.kv_dtype_bytes
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    def kv_window(self) -> tuple[int, int] | None:
+        """How vLLM's hybrid allocator keeps the sliding layers' KV, in blocks of the full
+        layers' size: (window tokens, window groups), or None without sliding layers. vLLM
+        groups layers in groups as large as the smaller kind (as the larger one when it has under
+        1.5x as many); with at least as many sliding layers as full ones, as every such model
+        has (gpt-oss: 18 and 18, Gemma 3 27B: 52 and 10), a group is the full layers, so a block
+        here is one of vLLM's and the sliding layers take ceil(sliding / full) groups of their
+        own, each holding a request's last window. With fewer sliding layers the groups are
+        counted the same way, so their KV is over-counted."""
+        if not self.sliding_layers:
+            return None
+        full = self.attention_layers
+        return self.sliding_window, -(-self.sliding_layers // full)
 
     def kv_copies(self, tp: int) -> int:
         """Copies of each token's KV over `tp` tensor-parallel GPUs: one, split by heads; with

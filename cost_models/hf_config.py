@@ -7,7 +7,8 @@ width; experts (`num_local_experts` / `num_experts` / `n_routed_experts`), exper
 the expert MLP width (`moe_intermediate_size`), shared experts, Llama 4's interleaving and
 DeepSeek's leading dense layers (`first_k_dense_replace`) for the weights a step reads;
 DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_head_dim`,
-`qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` marks `sliding_attention`;
+`qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` (or Gemma 3's
+`sliding_window_pattern`) marks `sliding_attention` and their `sliding_window`;
 `tie_word_embeddings`; the weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
 `dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the
@@ -184,7 +185,7 @@ def model_from_hf_config(
         step = int(c["moe_layer_freq"])
     dense_first = int(c.get("first_k_dense_replace") or 0) if experts else 0
     latent = int(c.get("kv_lora_rank") or 0)  # DeepSeek's multi-head latent attention
-    sliding = sum(kind == "sliding_attention" for kind in c.get("layer_types") or [])
+    sliding = sum(kind == "sliding_attention" for kind in layer_types(c))
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
     if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
         shared = max(shared, 1)  # Qwen2-MoE's and every Llama 4 MoE layer's shared expert
@@ -226,8 +227,25 @@ def model_from_hf_config(
         qk_rope_head_dim=int(need("qk_rope_head_dim")) if latent else 0,
         v_head_dim=int(need("v_head_dim")) if latent else 0,
         sliding_layers=sliding,
+        sliding_window=int(need("sliding_window")) if sliding else 0,
         expert_bytes=expert_bytes,
     )
+
+
+def layer_types(c: dict[str, Any]) -> list[str]:
+    """Each layer's attention, as `layer_types` lists it or, in the configs written before
+    that field (Gemma 3's), as `sliding_window_pattern` p implies: every p-th layer full, the
+    others sliding. Neither: every layer attends to the whole context."""
+    kinds = c.get("layer_types")
+    if kinds is not None:
+        return list(kinds)
+    pattern = c.get("sliding_window_pattern")
+    if not pattern or pattern < 2:
+        return []
+    every = int(c.get("num_hidden_layers") or 0)
+    return [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(every)
+    ]
 
 
 # the config.json fields read as integers, and the quantization_config ones
@@ -238,7 +256,7 @@ INTEGER_FIELDS = (
     "first_k_dense_replace", "kv_lora_rank", "num_shared_experts", "n_shared_experts",
     "head_dim", "num_hidden_layers", "num_key_value_heads", "vocab_size",
     "num_experts_per_tok", "experts_per_token", "q_lora_rank", "qk_nope_head_dim",
-    "qk_rope_head_dim", "v_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "sliding_window", "sliding_window_pattern",
 )  # fmt: skip
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")

@@ -177,6 +177,11 @@ class RooflineCost:
             fixed = self._count_terms(batch_size, batch_size)
         return fixed + attention + self.step_overhead
 
+    def kv_window(self) -> tuple[int, int] | None:
+        """The sliding layers' KV as the engine's block pool keeps it (`ModelSpec.kv_window`):
+        (window tokens, window groups), or None."""
+        return self.model_spec.kv_window()
+
     def kv_capacity_tokens(
         self,
         memory_utilization: float = 0.9,

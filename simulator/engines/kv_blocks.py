@@ -126,6 +126,7 @@ class BlockPool:
         self.cpu = cpu  # evicted prefix blocks go there
         self.empty = num_blocks  # blocks holding nothing
         self.held: dict[int, int] = {}  # request -> blocks it holds (shared cached ones included)
+        self.window_held: dict[int, int] = {}  # request -> sliding-window blocks (hybrid models)
         self.refs: dict[int, int] = {}  # cached key -> running requests holding it
         self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached keys, oldest first
         self.owned: dict[int, list[int]] = {}  # request -> the cached keys it references
@@ -223,17 +224,28 @@ class BlockPool:
         self.owned[req] = list(keys)
 
     # ---- allocation ---------------------------------------------------------------------
-    def fits(self, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> bool:
+    def fits(
+        self, keys: list[int], hit_blocks: int, tokens: int, reserve: int, computed: int = -1
+    ) -> bool:
         """Whether `admit` would succeed (it changes nothing)."""
         new = self.blocks_for(tokens) - hit_blocks
         lru = self.lru  # the cached blocks no running request holds
         reused_free = sum(1 for key in keys[:hit_blocks] if key in lru)
         return new <= self.free - reused_free - reserve
 
-    def admit(self, req: int, keys: list[int], hit_blocks: int, tokens: int, reserve: int) -> None:
+    def admit(
+        self,
+        req: int,
+        keys: list[int],
+        hit_blocks: int,
+        tokens: int,
+        reserve: int,
+        computed: int = -1,
+    ) -> None:
         """Give a waiting request its first `tokens` tokens' blocks, the first `hit_blocks` from
         the cache, keeping at least `reserve` blocks free (the caller checked `fits`; `check`
-        finds any imbalance)."""
+        finds any imbalance). `computed`: tokens whose KV it has once admitted, when more than
+        its cache hit (KV loaded or moved in: `WindowedBlockPool` reads it)."""
         new = self.blocks_for(tokens) - hit_blocks
         self._reference(req, keys[:hit_blocks])
         self._take(new)
@@ -310,13 +322,7 @@ class BlockPool:
         first `kept`: the other steps' blocks come back as if never taken, evicted keys to the
         front of the eviction order and the rest to the empty blocks (nothing else touched
         this pool since: its replica was in the run)."""
-        b, held = self.block_size, self.held
-        back = 0
-        for r, t in zip(rows, tokens, strict=True):
-            extra = -(-(t + steps) // b) - -(-(t + kept) // b)
-            if extra:
-                held[r] -= extra
-                back += extra
+        back = self._shrink_run(rows, tokens, steps, kept)
         # the shorter run would have taken `back` blocks fewer: the same empty ones first, then
         # the first of the same evictions
         evicted_then = max(0, len(evicted) - back)
@@ -327,6 +333,22 @@ class BlockPool:
             if key in self._trackers:
                 self._key_entered(self._trackers[key])
         self.empty += back - (len(evicted) - evicted_then)
+
+    def _shrink_run(self, rows: list[int], tokens: list[int], steps: int, kept: int) -> int:
+        """The blocks a run of `steps` steps took for its steps after the first `kept`, given
+        back by the requests holding them. Returns how many."""
+        b, held = self.block_size, self.held
+        back = 0
+        for r, t in zip(rows, tokens, strict=True):
+            extra = -(-(t + steps) // b) - -(-(t + kept) // b)
+            if extra:
+                held[r] -= extra
+                back += extra
+        return back
+
+    def prefill_done(self, req: int) -> None:
+        """`req` computed its whole prompt and decodes from now on (`WindowedBlockPool` frees
+        the part of its last chunk its window no longer needs)."""
 
     def _take(self, n: int) -> list[int]:
         """Hand out n blocks: empty ones first, then evict cached ones (the caller checked
@@ -375,9 +397,157 @@ class BlockPool:
         if self.cpu is not None:
             self.cpu.check()
         held_private = sum(self.held.values()) - sum(len(k) for k in self.owned.values())
+        held_private += sum(self.window_held.values())
         cached = len(self.refs)
         if self.empty < 0 or held_private + cached + self.empty != self.num_blocks:
             raise RuntimeError(
                 f"KV blocks out of balance: {held_private} private + {cached} cached + "
                 f"{self.empty} empty != {self.num_blocks} (please report it)"
             )
+
+
+class WindowedBlockPool(BlockPool):
+    """The block pool of a hybrid model (gpt-oss, Gemma 3): besides its full-attention blocks
+    (`held`, as in `BlockPool`), a running request holds blocks in `groups` sliding-window
+    groups, each covering the tokens its last `window` positions attend to. vLLM's allocator
+    (one pool shared by every group, the same block size) frees a window block once the
+    request's computed tokens leave it behind and takes blocks for a step's new tokens in every
+    group; here, in each group:
+
+    - a step computing tokens c..a-1 (a prompt chunk, or the first at admission) holds
+      ceil(a / b) blocks less the floor((c - window + 1) / b) it skipped, at least as many as
+      decoding would (a chunk's transient);
+    - a decoding request holds min(ceil(a / b), `window_blocks`) blocks, taking one in every
+      group when it takes a full-attention block while under the cap; vLLM's count dips by one
+      for the step just before (it frees the oldest block a step before the new one is
+      needed): this pool keeps the higher count, so a decoding request holds at most one
+      block per group more than vLLM for one step in b.
+
+    Window blocks are private (not kept for prefix reuse); a prefix hit spares the full
+    layers' blocks only. `computed` is the engine's per-request count of computed tokens,
+    read when a running request grows."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        caching: bool,
+        window: int,
+        groups: int,
+        computed: list[int],
+    ) -> None:
+        super().__init__(num_blocks, block_size, caching)
+        self.window, self.groups, self.computed = window, groups, computed
+        # blocks covering the `window` positions a decoding token attends to (its own included)
+        self.window_blocks = -(-(window - 1) // block_size) + 1
+
+    def decoding_blocks(self, full_blocks: int) -> int:
+        """Window blocks (all groups) of a decoding request holding `full_blocks` blocks."""
+        return self.groups * min(full_blocks, self.window_blocks)
+
+    def _step_blocks(self, computed: int, tokens: int) -> int:
+        """Window blocks (all groups) of a request computing up to `tokens` tokens from
+        `computed`: the blocks from the oldest one its window still reads."""
+        b = self.block_size
+        full = -(-tokens // b)
+        skipped = max(0, computed - self.window + 1) // b
+        return self.groups * max(min(full, self.window_blocks), full - skipped)
+
+    def fits(
+        self, keys: list[int], hit_blocks: int, tokens: int, reserve: int, computed: int = -1
+    ) -> bool:
+        c = hit_blocks * self.block_size if computed < 0 else computed
+        window = self._step_blocks(c, tokens)
+        return super().fits(keys, hit_blocks, tokens, reserve + window)
+
+    def admit(
+        self,
+        req: int,
+        keys: list[int],
+        hit_blocks: int,
+        tokens: int,
+        reserve: int,
+        computed: int = -1,
+    ) -> None:
+        super().admit(req, keys, hit_blocks, tokens, reserve)
+        c = hit_blocks * self.block_size if computed < 0 else computed
+        window = self._step_blocks(c, tokens)
+        self._take(window)
+        self.window_held[req] = window
+
+    def grow(self, req: int, tokens: int) -> bool:
+        new = max(0, -(-tokens // self.block_size) - self.held[req])
+        window = self._step_blocks(self.computed[req], tokens)
+        change = window - self.window_held[req]  # < 0: blocks its window left behind
+        if new + change > self.free:
+            return False
+        if change < 0:
+            self.empty -= change  # freed before the new blocks are taken, as vLLM does
+        self._take(new + max(0, change))
+        self.held[req] += new
+        self.window_held[req] = window
+        return True
+
+    def add_token_each(self, rows: list[int], computed: list[int]) -> bool:
+        held, size, window_held = self.held, self.block_size, self.window_held
+        full = [r for r in rows if computed[r] == held[r] * size]
+        grown = [self.decoding_blocks(held[r] + 1) - window_held[r] for r in full]
+        if len(full) + sum(grown) > self.free:
+            return False
+        for r, g in zip(full, grown, strict=True):
+            held[r] += 1
+            window_held[r] += g
+        self._take(len(full) + sum(grown))
+        return True
+
+    def prefill_done(self, req: int) -> None:
+        window = self.decoding_blocks(self.held[req])
+        self.empty += self.window_held[req] - window
+        self.window_held[req] = window
+
+    def _growth(self, tokens: list[int], steps: int) -> list[int]:
+        """Blocks (full and window) requests decoding from `tokens[i]` tokens each take at each
+        of the next `steps` steps (index j: step j; index 0 unused)."""
+        b, cap, groups = self.block_size, self.window_blocks, self.groups
+        grown = [0] * (steps + 1)
+        for t in tokens:
+            f = (-t) % b + 1  # the step at which it starts a new block
+            blocks = -(-t // b)
+            while f <= steps:
+                blocks += 1
+                grown[f] += 1 + (groups if blocks <= cap else 0)
+                f += b
+        return grown
+
+    def decode_steps_that_fit(self, tokens: list[int], steps: int) -> int:
+        free = self.free
+        if free >= len(tokens) * (steps // self.block_size + 1) * (1 + self.groups):
+            return steps
+        used = 0
+        for j, n in enumerate(self._growth(tokens, steps)[1:]):
+            used += n
+            if used > free:
+                return j
+        return steps
+
+    def decode(self, rows: list[int], tokens: list[int], steps: int) -> tuple[list[int], list[int]]:
+        b, held, window_held = self.block_size, self.held, self.window_held
+        for r, t in zip(rows, tokens, strict=True):
+            held[r] = -(-(t + steps) // b)
+            window_held[r] = self.decoding_blocks(held[r])
+        grown = self._growth(tokens, steps)
+        in_use = [u * b for u in accumulate(grown[1:], initial=self.used)][1:]
+        return in_use, self._take(sum(grown))
+
+    def _shrink_run(self, rows: list[int], tokens: list[int], steps: int, kept: int) -> int:
+        back = super()._shrink_run(rows, tokens, steps, kept)
+        held, window_held = self.held, self.window_held
+        for r in rows:
+            window = self.decoding_blocks(held[r])
+            back += window_held[r] - window
+            window_held[r] = window
+        return back
+
+    def release(self, req: int) -> None:
+        super().release(req)
+        self.empty += self.window_held.pop(req, 0)

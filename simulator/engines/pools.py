@@ -123,7 +123,7 @@ class DisaggregatedPools:
         length), and a prompt whose KV (with the first token) a prefill replica cannot hold."""
         prefill, decode = self.configs
         reason: list[str | None] = decode.refusals(trace, self.costs[1]).tolist()
-        blocks = (-(-(trace.prompt_len + 1) // prefill.block_size)).tolist()
+        blocks = prefill.peak_blocks(trace.prompt_len, 2, self.costs[0]).tolist()
         room = prefill.num_blocks(self.costs[0])
         return [
             "kv_pool_too_small" if why is None and need > room else why

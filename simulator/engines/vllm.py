@@ -48,7 +48,13 @@ from simulator.core.timeline import DECODE, MIXED, PREFILL, StepRecorder
 from simulator.engines.disaggregation import KVLink
 from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.jitter import step_jitter
-from simulator.engines.kv_blocks import BlockPool, CPUTier, block_keys, kv_token_bytes
+from simulator.engines.kv_blocks import (
+    BlockPool,
+    CPUTier,
+    WindowedBlockPool,
+    block_keys,
+    kv_token_bytes,
+)
 from simulator.engines.step_model import (
     Deadlines,
     EngineKnobs,
@@ -159,12 +165,32 @@ class VLLMConfig(EngineKnobs):
         )
         return int(tokens) // self.block_size
 
+    def window(self, cost: StepCostModel) -> tuple[int, int] | None:
+        """The model's sliding-window layers as the pool keeps them (the cost model's
+        `kv_window`): (window tokens, window groups), or None."""
+        window = getattr(cost, "kv_window", None)
+        return None if window is None else window()
+
+    def block_pool(
+        self, cost: StepCostModel, cpu: CPUTier | None, computed: list[int]
+    ) -> BlockPool:
+        """One replica's pool; a hybrid model's keeps its sliding layers' windows too."""
+        blocks, caching = self.num_blocks(cost), self.enable_prefix_caching
+        window = self.window(cost)
+        if window is None:
+            return BlockPool(blocks, self.block_size, caching, cpu)
+        if cpu is not None:
+            raise ConfigError(
+                "engine.cpu_kv_tokens > 0 (a CPU tier) is not modelled for a model with "
+                "sliding-window layers; set engine.cpu_kv_tokens=0"
+            )
+        return WindowedBlockPool(blocks, self.block_size, caching, *window, computed)
+
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): "kv_pool_too_small" if
         its final KV (prompt + output - 1 tokens) needs more blocks than one replica's pool has,
         "exceeds_max_model_len", or without chunked prefill
         "prompt_exceeds_max_num_batched_tokens"."""
-        final_blocks = -(-(trace.prompt_len + trace.output_len - 1) // self.block_size)
         reason = np.full(len(trace), None, dtype=object)
         if not self.enable_chunked_prefill:
             too_long = trace.prompt_len > self.max_num_batched_tokens
@@ -173,8 +199,31 @@ class VLLMConfig(EngineKnobs):
             reason[trace.prompt_len + trace.output_len > self.max_model_len] = (
                 "exceeds_max_model_len"
             )
-        reason[final_blocks > self.num_blocks(cost)] = "kv_pool_too_small"
+        peak = self.peak_blocks(trace.prompt_len, trace.output_len, cost)
+        reason[peak > self.num_blocks(cost)] = "kv_pool_too_small"
         return reason
+
+    def peak_blocks(
+        self, prompt: np.ndarray, output: np.ndarray | int, cost: StepCostModel
+    ) -> np.ndarray:
+        """Per request, the most blocks it may hold alone: its final KV (prompt + output - 1
+        tokens) and, for a hybrid model, its windows when decoding and when computing its
+        first prompt chunk and its last (every group holds the whole chunk)."""
+        b = self.block_size
+        final = -(-(prompt + output - 1) // b)
+        window = self.window(cost)
+        if window is None:
+            return final
+        tokens, groups = window
+        cap = -(-(tokens - 1) // b) + 1
+        chunk = np.minimum(prompt, self.max_num_batched_tokens)
+        if not self.enable_chunked_prefill:
+            chunk = prompt
+        prompt_blocks, chunk_blocks = -(-prompt // b), -(-chunk // b)
+        decoding = final + groups * np.minimum(final, cap)
+        first = (1 + groups) * chunk_blocks
+        last = prompt_blocks + groups * np.minimum(prompt_blocks, chunk_blocks + cap)
+        return np.maximum(decoding, np.maximum(first, last))
 
     def for_lone_requests(self, prompt_tokens: int, cost: StepCostModel) -> VLLMConfig:
         """A copy in which a lone request of up to `prompt_tokens` prompt tokens and one output
@@ -257,7 +306,7 @@ class VLLMReplica:
         self.cost, self.cfg, self.fast_forward = cost, cfg, fast_forward
         self.trace, self.state, self.feed = host.trace, host.state, host.feed(index)
         cpu = CPUTier(cfg.cpu_kv_tokens // cfg.block_size) if cfg.cpu_kv_tokens else None
-        self.pool = BlockPool(cfg.num_blocks(cost), cfg.block_size, cfg.enable_prefix_caching, cpu)
+        self.pool = cfg.block_pool(cost, cpu, shared.computed)
         # the CPU tier's link: loads (and swaps) move one at a time, in the order asked
         self.pcie = KVLink(cfg.cpu_kv_gbps, 0.0, shared=True)
         self.kv_bytes = cfg.bytes_per_token(cost) if cpu is not None else 0
@@ -662,10 +711,10 @@ class VLLMReplica:
         ends."""
         pool, policy, queue, now = self.pool, self.policy, self.queue, self.now
         reserve = self.watermark_blocks if self.running else 0
-        fits = pool.fits(keys, hit, tokens, reserve)
+        fits = pool.fits(keys, hit, tokens, reserve, computed=tokens)
         verdict = policy.admit(req, now, fits)
         if verdict is ADMIT and fits:
-            pool.admit(req, keys, hit, tokens, reserve)
+            pool.admit(req, keys, hit, tokens, reserve, computed=tokens)
             queue.remove(req)
             self.req.remote.discard(req)
             return True
@@ -954,6 +1003,7 @@ class VLLMReplica:
                     continue  # more chunks to come
                 prefilling.discard(r)  # a token is sampled: the first, or the first after
                 tokens.open(r, gen[r], self.index, tick)  # a preemption
+                pool.prefill_done(r)
                 if gen[r] == 0:
                     state.first_token_at[r] = end
                 else:

@@ -1,0 +1,247 @@
+"""Hybrid models' sliding-window layers in the KV pool (`WindowedBlockPool` of
+simulator/engines/kv_blocks.py): each request holds, in every window group, the blocks its last
+window reads, as vLLM's hybrid allocator keeps them; checked against vLLM's rule step by step,
+against stepping one by one, and in whole runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_real_engine_settings import GPT_OSS_120B
+from test_vllm_engine import check_invariants, trace
+
+from conftest import random_trace
+from cost_models import ConstantStepCost, CostModelError, RooflineCost
+from cost_models.hf_config import model_from_hf_config
+from policies import FCFS
+from simulator.core.errors import ConfigError
+from simulator.core.requests import COMPLETED
+from simulator.engines import ClusterConfig, VLLMConfig, simulate
+from simulator.engines.kv_blocks import WindowedBlockPool
+
+B = 16  # tokens per block
+
+# Gemma 3 27B's config.json (text part): 62 layers, every sixth full attention, the others a
+# 1,024-token window
+GEMMA_3_27B = {
+    "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 62,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+    "vocab_size": 262208, "sliding_window": 1024, "torch_dtype": "bfloat16",
+    "layer_types": [
+        "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(62)
+    ],
+}  # fmt: skip
+
+
+def vllm_window_blocks(computed: int, tokens: int, window: int) -> int:
+    """One window group's blocks in vLLM once a step computing up to `tokens` tokens from
+    `computed` is allocated: the blocks before position computed - window + 1 were freed
+    (vLLM's `remove_skipped_blocks`), then blocks up to `tokens` allocated."""
+    return -(-tokens // B) - max(0, computed - window + 1) // B
+
+
+@dataclass(frozen=True)
+class WindowedConstant(ConstantStepCost):
+    """Constant step times, for a model whose sliding layers keep `window` tokens in
+    `groups` window groups."""
+
+    window: int = 64
+    groups: int = 2
+
+    def kv_window(self) -> tuple[int, int]:
+        return self.window, self.groups
+
+
+def test_the_window_groups_follow_vllms_grouping_of_layers():
+    # vLLM groups layers in groups as large as the smaller kind: gpt-oss, 18 and 18 (one window
+    # group of the full layers' size); Gemma 3 27B, 52 sliding and 10 full (6 window groups)
+    assert model_from_hf_config(GPT_OSS_120B, "g").kv_window() == (128, 1)
+    assert model_from_hf_config(GEMMA_3_27B, "g").kv_window() == (1024, 6)
+    assert RooflineCost(model=model_from_hf_config(GEMMA_3_27B, "g"), gpu="h100").kv_window() == (
+        1024,
+        6,
+    )
+    # Gemma 3's configs written before `layer_types` say it with `sliding_window_pattern`
+    older = {k: v for k, v in GEMMA_3_27B.items() if k != "layer_types"}
+    assert model_from_hf_config({**older, "sliding_window_pattern": 6}, "g") == (
+        model_from_hf_config(GEMMA_3_27B, "g")
+    )
+    assert RooflineCost(model="llama-2-7b", gpu="h100").kv_window() is None
+    without = {k: v for k, v in GEMMA_3_27B.items() if k != "sliding_window"}
+    with pytest.raises(CostModelError, match="g: config.json has no sliding_window"):
+        model_from_hf_config(without, "g")
+
+
+@pytest.mark.parametrize("window", [128, 1024, 4096, 100])
+def test_kv_loaded_whole_holds_the_window_a_decoding_request_holds(window):
+    # a request admitted with its KV already computed (loaded, or moved from a prefill replica)
+    # holds what it would hold decoding: the identity the decode steps build on
+    pool = WindowedBlockPool(10, B, False, window, 3, [0])
+    for tokens in range(1, 3 * window):
+        held = pool._step_blocks(tokens, tokens)
+        assert held == pool.decoding_blocks(-(-tokens // B)), tokens
+        assert held == 3 * vllm_window_blocks(tokens, tokens, window) or (
+            # vLLM's count one lower for one step in B (its free comes a step early)
+            held == 3 * (vllm_window_blocks(tokens, tokens, window) + 1)
+        )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prompt=st.integers(1, 700),
+    output=st.integers(1, 300),
+    chunk=st.integers(1, 300),
+    window=st.sampled_from([16, 32, 64, 100, 128]),
+    groups=st.integers(1, 6),
+)
+def test_one_request_holds_vllms_window_blocks_at_every_step(prompt, output, chunk, window, groups):
+    computed = [0]
+    pool = WindowedBlockPool(100_000, B, False, window, groups, computed)
+    vllm = []  # (vLLM's blocks in one group, the pool's in all groups) after each allocation
+    n = min(prompt, chunk)
+    pool.admit(0, [], 0, n, 0)
+    vllm.append((vllm_window_blocks(0, n, window), pool.window_held[0]))
+    computed[0] = n
+    while computed[0] < prompt:  # the next chunks
+        c = computed[0]
+        n = min(prompt - c, chunk)
+        assert pool.grow(0, c + n)
+        vllm.append((vllm_window_blocks(c, c + n, window), pool.window_held[0]))
+        computed[0] = c + n
+    pool.prefill_done(0)
+    for _ in range(output - 1):  # each decode step computes the last sampled token
+        c = computed[0]
+        assert pool.add_token_each([0], computed)
+        vllm.append((vllm_window_blocks(c, c + 1, window), pool.window_held[0]))
+        computed[0] = c + 1
+        assert pool.held[0] == -(-computed[0] // B)
+    first_vllm, first_ours = vllm[0]
+    assert first_ours == groups * first_vllm, "the first chunk holds every block it computes"
+    for theirs, ours in vllm:
+        assert groups * theirs <= ours <= groups * (theirs + 1)
+    pool.check()
+    pool.release(0)
+    assert pool.free == pool.num_blocks
+
+
+def decoding_pool(tokens: list[int], blocks: int, window: int, groups: int) -> WindowedBlockPool:
+    """A pool in which request i decodes from tokens[i] tokens."""
+    pool = WindowedBlockPool(blocks, B, False, window, groups, list(tokens))
+    for r, t in enumerate(tokens):
+        pool.admit(r, [], 0, t, 0, computed=t)
+    return pool
+
+
+def pool_state(pool: WindowedBlockPool) -> tuple:
+    return dict(pool.held), dict(pool.window_held), pool.empty, pool.free
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    tokens=st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    steps=st.integers(1, 200),
+    spare=st.integers(0, 40),
+    window=st.sampled_from([16, 64, 100, 128]),
+    groups=st.integers(1, 4),
+)
+def test_a_run_of_decode_steps_takes_the_blocks_stepping_one_by_one_takes(
+    tokens, steps, spare, window, groups
+):
+    start = decoding_pool(tokens, 100_000, window, groups)
+    blocks = start.used + spare  # a pool that may run out during the run
+    run, one_by_one = (decoding_pool(tokens, blocks, window, groups) for _ in range(2))
+    k = run.decode_steps_that_fit(tokens, steps)
+    rows = list(range(len(tokens)))
+    in_use, evicted = run.decode(rows, tokens, k)
+    assert evicted == []
+    computed, stepped = list(tokens), []
+    while len(stepped) < steps and one_by_one.add_token_each(rows, computed):
+        computed = [c + 1 for c in computed]
+        stepped.append(one_by_one.used * B)
+    assert len(stepped) == k, "the run is as long as the steps that fit one by one"
+    assert in_use == stepped
+    assert pool_state(run) == pool_state(one_by_one)
+    run.check()
+    # a run cut after `kept` steps gives back what the steps after took
+    if k > 1:
+        kept = k // 2
+        short = decoding_pool(tokens, blocks, window, groups)
+        short.decode(rows, tokens, kept)
+        run.shorten(rows, tokens, k, kept, [])
+        assert pool_state(run) == pool_state(short)
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        None,
+        ClusterConfig(2, "round_robin"),  # coupled by nothing: each replica runs alone
+        ClusterConfig(2, "least_requests"),  # coupled: runs are cut where a request arrives
+        ClusterConfig(  # disaggregated: the KV moves to a decode replica whole
+            prefill_replicas=1, decode_replicas=1, disaggregation={"kv_bytes_per_token": 1024}
+        ),
+    ],
+)
+def test_fast_forward_changes_nothing_for_a_hybrid_model(cluster):
+    cost = WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2)
+    t = random_trace(3, 80, 3, max_prompt=400, max_output=200, rate=20.0)
+    runs = []
+    for ff in (True, False):
+        cfg = VLLMConfig(pool_tokens=6000, max_num_batched_tokens=256, fast_forward=ff)
+        tl = simulate(t, FCFS(), cost, cfg, cluster)
+        check_invariants(tl, cfg)
+        runs.append(tl)
+    on, off = runs
+    assert on.token_times()[2].tolist() == off.token_times()[2].tolist()
+    assert on.steps["kv_used"].tolist() == off.steps["kv_used"].tolist()
+    assert on.request_columns["preemptions"].sum() > 0, "the pool was tight enough to preempt"
+
+
+def test_the_windows_use_memory_a_model_without_them_leaves_free():
+    t = random_trace(5, 60, 2, max_prompt=300, max_output=150, rate=4.0)
+    cfg = VLLMConfig(pool_tokens=20_000, max_num_batched_tokens=512)
+    plain = simulate(t, FCFS(), ConstantStepCost(prefill=0.05, decode=0.01), cfg)
+    hybrid = simulate(t, FCFS(), WindowedConstant(prefill=0.05, decode=0.01), cfg)
+    # the same schedule (the pool never fills), more KV in use at every step
+    assert hybrid.token_times()[2].tolist() == plain.token_times()[2].tolist()
+    more = hybrid.steps["kv_used"] - plain.steps["kv_used"]
+    assert (more >= 0).all() and more.max() > 0
+    # once decoding past its window, a request holds groups x (window / B + 1) blocks more
+    lone = trace([0.0], [1000], [10])
+    tl = simulate(lone, FCFS(), WindowedConstant(prefill=0.05, decode=0.01, window=64), cfg)
+    full = -(-1001 // B) * B  # its full-attention KV tokens at the last decode step
+    assert tl.steps["kv_used"][-2] == full + 2 * (-(-63 // B) + 1) * B
+
+
+def test_a_request_whose_first_chunk_and_windows_never_fit_is_refused():
+    cost = WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2)
+    cfg = VLLMConfig(pool_tokens=40 * B, max_num_batched_tokens=256)
+    # 256 prompt tokens in one chunk: 16 blocks in each of three groups (48 > 40), though
+    # its final KV (17 blocks, 2 x 5 of windows) would fit
+    t = trace([0.0, 0.0], [256, 100], [2, 2])
+    tl = simulate(t, FCFS(), cost, cfg)
+    assert tl.reason[0] == "kv_pool_too_small" and tl.status[1] == COMPLETED
+
+
+def test_a_cpu_tier_for_a_hybrid_model_is_refused_by_name():
+    cost = WindowedConstant(prefill=0.05, decode=0.01)
+    with pytest.raises(ConfigError, match="engine.cpu_kv_tokens"):
+        simulate(
+            trace([0.0], [10], [2]), FCFS(), cost, VLLMConfig(pool_tokens=1600, cpu_kv_tokens=1600)
+        )
+
+
+def test_gemma_3_holds_several_times_a_dense_models_blocks_per_request():
+    cost = RooflineCost(model=model_from_hf_config(GEMMA_3_27B, "gemma-3-27b"), gpu="h100")
+    window, groups = cost.kv_window()
+    pool = WindowedBlockPool(10_000, B, True, window, groups, [0])
+    # decoding with 2,049 tokens: 129 full-attention blocks and 6 groups of 65 (a 1,024-token
+    # window spans 64 blocks, 65 as it slides): 4x a dense model's 129
+    assert 129 + pool.decoding_blocks(129) == 129 + 6 * 65
+    # while its 2,048-token prompt is computed in one chunk, every group holds all of it
+    cfg = VLLMConfig(gpu_memory_utilization=0.9)
+    assert cfg.peak_blocks(np.array([2048]), 2, cost).tolist() == [7 * 128]
