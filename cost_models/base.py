@@ -60,14 +60,44 @@ def mixed_step_time(
 
 
 def step_shape(
-    chunks: Sequence[tuple[int, int]], decode_batch: int, decode_context: int
+    chunks: Sequence[tuple[int, int]],
+    decode_batch: int,
+    decode_context: int,
+    window: tuple[int, float] | None = None,
 ) -> tuple[int, float, float]:
     """A mixed step's (tokens, (query, key) pairs, KV tokens read) from its prefill `chunks` of
     (new tokens, tokens already cached) and `decode_batch` decodes attending to
-    `decode_context` tokens: a chunk of c after k cached forms c k + c (c + 1) / 2 pairs."""
+    `decode_context` tokens: a chunk of c after k cached forms c k + c (c + 1) / 2 pairs.
+    Pairs and KV count the layers attending to the whole context; with `window` (tokens, r),
+    a model's sliding layers, r times as many, add theirs (`windowed_pairs`,
+    `windowed_decode`), in those layers' units."""
     tokens, pairs, kv_read = decode_batch, float(decode_context), float(decode_context)
     for c, k in chunks:
         tokens += c
         pairs += c * k + c * (c + 1) / 2
         kv_read += k
+    if window is not None:
+        size, ratio = window
+        slid, read = windowed_decode(decode_context, decode_batch, size)
+        for c, k in chunks:
+            slid += windowed_pairs(k + c, size) - windowed_pairs(k, size)
+            read += min(k, size)
+        pairs += ratio * slid
+        kv_read += ratio * (read + tokens)  # (the full layers' new tokens: the caller's)
     return tokens, pairs, kv_read
+
+
+def windowed_pairs(position: int, window: int) -> float:
+    """(query, key) pairs of the first `position` tokens in a layer where each attends to at
+    most `window` tokens (itself included)."""
+    if position <= window:
+        return position * (position + 1) / 2
+    return window * (window + 1) / 2 + (position - window) * window
+
+
+def windowed_decode(context: float, batch: int, window: int) -> tuple[float, float]:
+    """(pairs, KV tokens read) of `batch` decodes attending to `context` tokens in all, in a
+    layer where each reads at most `window`: min(context, batch x window), exact when every
+    context is on the same side of the window (the engine passes the sum alone)."""
+    slid = min(context, batch * window)
+    return slid, slid

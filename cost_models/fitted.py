@@ -12,7 +12,8 @@ rates (tp GPUs share every term):
   few tokens is bound by memory and one of many by compute, as in the roofline (a plain sum
   would let a fit price compute below the datasheet's peak to undo the double count, and
   then predict prefill-heavy steps faster than the GPU can run them);
-- `attention`: the larger of its FLOPs over throughput and its KV bytes over bandwidth;
+- `attention`: the larger of its FLOPs over throughput and its KV bytes over bandwidth (a
+  model's sliding-window layers add their windows' pairs and KV: `step_shape`);
 - `allreduce`: the tensor-parallel all-reduces' bytes over the link (0 at tp 1);
 - `allreduce_calls`: how many all-reduces (2 per layer at tp > 1): their fixed latency;
 - `requests`: R, the per-request work of the serving loop (sampling, detokenizing, streaming);
@@ -42,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from cost_models.base import CostModelError, step_shape
-from cost_models.roofline import RooflineCost
+from cost_models.roofline import RooflineCost, windowed_decode_step
 
 TERMS = ("weights", "matmul", "attention", "allreduce", "allreduce_calls", "requests", "step")
 SHIPPED = Path(__file__).parent / "data" / "fitted" / "coefficients.json"
@@ -163,7 +164,8 @@ class FittedCost(RooflineCost):
         decode_batch: int = 0,
         decode_context: int = 0,
     ) -> float:
-        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context)
+        shape = step_shape(chunks, decode_batch, decode_context, self._window)  # type: ignore[attr-defined]
+        tokens, pairs, kv_read = shape
         return self.one_step(tokens, len(chunks) + decode_batch, kv_read + tokens, pairs)
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
@@ -173,9 +175,18 @@ class FittedCost(RooflineCost):
         ctx = np.asarray(context_tokens, dtype=np.float64)
         per_pair, per_token = self._attention  # type: ignore[attr-defined]
         beta = self.beta["attention"]  # type: ignore[attr-defined]
-        attention = np.maximum(per_pair * ctx, beta * per_token * (ctx + batch_size))
+        window = self._window  # type: ignore[attr-defined]
+        if window is None:
+            attention = np.maximum(per_pair * ctx, beta * per_token * (ctx + batch_size))
+        else:
+            pairs, kv = windowed_decode_step(ctx, batch_size, window)
+            attention = np.maximum(per_pair * pairs, beta * per_token * kv)
         return self._count_part(batch_size, batch_size) + attention
 
     def decode_time(self, batch_size: int, context_tokens: int) -> float:
         ctx = float(context_tokens)
-        return self.one_step(batch_size, batch_size, ctx + batch_size, ctx)
+        window = self._window  # type: ignore[attr-defined]
+        if window is None:
+            return self.one_step(batch_size, batch_size, ctx + batch_size, ctx)
+        pairs, kv = windowed_decode_step(ctx, batch_size, window)
+        return self.one_step(batch_size, batch_size, float(kv), float(pairs))

@@ -42,7 +42,7 @@ class ModelSpec:
     keys of `qk_nope_head_dim + qk_rope_head_dim` and values of `v_head_dim`. Layers of
     `sliding_layers` attend to the last `sliding_window` tokens only (gpt-oss, Gemma 3): their
     KV, bounded by the window, is not counted per token but held per request in window groups
-    (`kv_window`), and their attention pairs are not counted."""
+    (`kv_window`); their attention is counted per window (`cost_models.base.step_shape`)."""
 
     name: str
     layers: int

@@ -70,6 +70,10 @@ class RooflineCost:
         )
         object.__setattr__(self, "_rates", rates)
         object.__setattr__(self, "_terms", {})
+        # the sliding layers' attention, in units of the full layers' (`step_shape`)
+        window = m.kv_window()
+        ratio = m.sliding_layers / m.attention_layers
+        object.__setattr__(self, "_window", None if window is None else (window[0], ratio))
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -152,7 +156,8 @@ class RooflineCost:
         `decode_batch` decoding requests attending to `decode_context` tokens in total. Every
         chunk samples a token (a chunk that ends mid-prompt costs one head row too: an upper
         bound)."""
-        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context)
+        window = self._window  # type: ignore[attr-defined]
+        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context, window)
         per_pair, per_token = self._attention_rates()
         attention = max(per_pair * pairs, per_token * (kv_read + tokens))
         return (
@@ -165,13 +170,23 @@ class RooflineCost:
     def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
         per_pair, per_token = self._attention_rates()
-        attention = np.maximum(per_pair * ctx, per_token * (ctx + batch_size))
+        window = self._window  # type: ignore[attr-defined]
+        if window is None:
+            attention = np.maximum(per_pair * ctx, per_token * (ctx + batch_size))
+        else:
+            pairs, kv = windowed_decode_step(ctx, batch_size, window)
+            attention = np.maximum(per_pair * pairs, per_token * kv)
         return self._count_terms(batch_size, batch_size) + attention + self.step_overhead
 
     def decode_time(self, batch_size: int, context_tokens: int) -> float:
         ctx = float(context_tokens)
         per_pair, per_token = self._rates  # type: ignore[attr-defined]
-        attention = max(per_pair * ctx, per_token * (ctx + batch_size))
+        window = self._window  # type: ignore[attr-defined]
+        if window is None:
+            attention = max(per_pair * ctx, per_token * (ctx + batch_size))
+        else:
+            pairs, kv = windowed_decode_step(ctx, batch_size, window)
+            attention = max(per_pair * pairs, per_token * kv)
         fixed = self._terms.get((batch_size, batch_size))  # type: ignore[attr-defined]
         if fixed is None:
             fixed = self._count_terms(batch_size, batch_size)
@@ -207,6 +222,15 @@ class RooflineCost:
                 f"{self.tp} x {g.name} with memory_utilization={memory_utilization}"
             )
         return int(free // (m.kv_bytes_over(self.tp) / self.tp))
+
+
+def windowed_decode_step(ctx: Any, batch: int, window: tuple[int, float]) -> tuple[Any, Any]:
+    """(pairs, KV tokens read and written) of a decode step of `batch` requests attending to
+    `ctx` tokens (a number or an array of steps) with sliding layers (`step_shape`'s window),
+    the same operations in the same order as `step_shape` (floats, or arrays element-wise)."""
+    size, ratio = window
+    slid = np.minimum(ctx, batch * size)
+    return ctx + ratio * slid, (ctx + ratio * (slid + batch)) + batch
 
 
 # vLLM's memory beside weights and KV, per GPU (`vllm_reserve`): the CUDA context, cuBLAS and NCCL

@@ -15,7 +15,8 @@ from test_real_engine_settings import GPT_OSS_120B
 from test_vllm_engine import check_invariants, trace
 
 from conftest import random_trace
-from cost_models import ConstantStepCost, CostModelError, RooflineCost
+from cost_models import ConstantStepCost, CostModelError, FittedCost, RooflineCost
+from cost_models.base import windowed_pairs
 from cost_models.hf_config import model_from_hf_config
 from policies import FCFS
 from simulator.core.errors import ConfigError
@@ -245,3 +246,39 @@ def test_gemma_3_holds_several_times_a_dense_models_blocks_per_request():
     # while its 2,048-token prompt is computed in one chunk, every group holds all of it
     cfg = VLLMConfig(gpu_memory_utilization=0.9)
     assert cfg.peak_blocks(np.array([2048]), 2, cost).tolist() == [7 * 128]
+
+
+# ---- the sliding layers' attention in the GPU cost models ------------------------------------
+
+
+def test_a_windowed_prefill_forms_the_pairs_counted_one_by_one():
+    for position in (1, 500, 1024, 1025, 3000):
+        by_hand = sum(min(p, 1024) for p in range(1, position + 1))
+        assert windowed_pairs(position, 1024) == by_hand
+
+
+@pytest.mark.parametrize("kind", [RooflineCost, FittedCost])
+def test_a_gemma_3_decode_step_reads_each_sliding_layers_window(kind):
+    cost = kind(model=model_from_hf_config(GEMMA_3_27B, "gemma-3-27b"), gpu="h100")
+    m = cost.model_spec
+    layer_bytes = m.kv_bytes_per_token / m.attention_layers  # one layer's keys and values
+    assert (m.attention_layers, m.sliding_layers) == (10, 52)
+    n, ctx = 16, 16 * 8192  # 16 requests of 8k tokens: every window full
+    full = cost.decode_time(n, ctx)
+    # the same step had the sliding layers no KV: 52 layers x 16 x 1,024 tokens (and the new
+    # ones) more to read, which bandwidth bounds at this context
+    read = 52 * (n * 1024 + n) * layer_bytes
+    if kind is RooflineCost:
+        rate = m.kv_bytes_per_token / (cost.gpu_spec.hbm_bandwidth * cost.memory_efficiency)
+        plain = cost._count_terms(n, n) + rate * (ctx + n) + cost.step_overhead
+        bandwidth = cost.gpu_spec.hbm_bandwidth * cost.memory_efficiency
+    else:
+        rate = cost.beta["attention"] * m.kv_bytes_per_token / cost.gpu_spec.hbm_bandwidth
+        plain = cost._count_part(n, n) + rate * (ctx + n)
+        bandwidth = cost.gpu_spec.hbm_bandwidth / cost.beta["attention"]
+    assert full - plain == pytest.approx(read / bandwidth, rel=1e-9)
+    # decode steps timed one by one, as a run, and as a mixed step agree bit for bit
+    contexts = np.array([500, 16 * 1024, 16 * 8192])
+    one_by_one = [cost.decode_time(n, int(c)) for c in contexts]
+    assert cost.decode_times(n, contexts).tolist() == one_by_one
+    assert [cost.step_time(decode_batch=n, decode_context=int(c)) for c in contexts] == one_by_one
