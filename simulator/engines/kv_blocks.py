@@ -14,6 +14,9 @@ The pool never hands out more than it has; `check` verifies the counts.
 With a CPU tier (`CPUTier`), a cached block evicted from the GPU is stored in CPU memory
 (least recently stored dropped first when it is full), where a later request may find it and
 load it back instead of recomputing; a preempted request's KV may be swapped there whole.
+
+A hybrid model's sliding-window layers (gpt-oss, Gemma 3) take blocks of their own in the same
+pool, a window's worth per request and group (`WindowedBlockPool`).
 """
 
 from __future__ import annotations
