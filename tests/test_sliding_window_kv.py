@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from test_real_engine_settings import GPT_OSS_120B
 from test_vllm_engine import check_invariants, trace
 
-from conftest import random_trace
+from conftest import random_trace, with_shared_prefixes
 from cost_models import ConstantStepCost, CostModelError, FittedCost, RooflineCost
 from cost_models.base import windowed_pairs
 from cost_models.hf_config import model_from_hf_config
-from policies import FCFS
+from policies import DLPM, FCFS, LPM, VTC, Andes
 from simulator.core.errors import ConfigError
 from simulator.core.requests import COMPLETED
 from simulator.engines import ClusterConfig, VLLMConfig, simulate
@@ -200,6 +200,23 @@ def test_fast_forward_changes_nothing_for_a_hybrid_model(cluster):
     assert on.token_times()[2].tolist() == off.token_times()[2].tolist()
     assert on.steps["kv_used"].tolist() == off.steps["kv_used"].tolist()
     assert on.request_columns["preemptions"].sum() > 0, "the pool was tight enough to preempt"
+
+
+@pytest.mark.parametrize("policy", [VTC, LPM, DLPM, Andes])
+def test_every_policy_keeps_the_invariants_with_windows_and_shared_prefixes(policy):
+    # prefix hits spare the full layers' blocks; preemptions (the policy's or the pool's) give
+    # the windows back; stepping one by one gives the same timeline
+    cost = WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2)
+    t = with_shared_prefixes(random_trace(8, 70, 3, max_prompt=500, max_output=150, rate=25.0), 8)
+    runs = []
+    for ff in (True, False):
+        cfg = VLLMConfig(pool_tokens=5000, max_num_batched_tokens=256, fast_forward=ff)
+        tl = simulate(t, policy(), cost, cfg)
+        check_invariants(tl, cfg)
+        runs.append(tl)
+    assert runs[0].token_times()[2].tolist() == runs[1].token_times()[2].tolist()
+    assert runs[0].request_columns["cached_tokens"].sum() > 0
+    assert runs[0].request_columns["preemptions"].sum() > 0
 
 
 def test_the_windows_use_memory_a_model_without_them_leaves_free():
