@@ -7,7 +7,7 @@ width; experts (`num_local_experts` / `num_experts` / `n_routed_experts`), exper
 the expert MLP width (`moe_intermediate_size`), shared experts, Llama 4's interleaving and
 DeepSeek's leading dense layers (`first_k_dense_replace`) for the weights a step reads;
 DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_head_dim`,
-`qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` (or Gemma 3's
+`qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` (or Gemma's
 `sliding_window_pattern`) marks `sliding_attention` and their `sliding_window`;
 `tie_word_embeddings`; the weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
@@ -161,6 +161,7 @@ def model_from_hf_config(
     w4a16), replaces the checkpoint's; fp16 or bf16 leave a quantized checkpoint as it is."""
     text = config.get("text_config")
     c = {**config, **text} if isinstance(text, dict) else config  # Llama 4, multimodal wrappers
+    c = {**MODEL_TYPE_DEFAULTS.get(str(c.get("model_type")), {}), **c}
     c = checked_fields(c, name)
 
     def need(*keys: str) -> Any:
@@ -230,6 +231,21 @@ def model_from_hf_config(
         sliding_window=int(need("sliding_window")) if sliding else 0,
         expert_bytes=expert_bytes,
     )
+
+
+# What a family's transformers config class fills in when its config.json leaves a field out
+# (the published Gemma configs state little more than their sizes): Gemma ties its output head
+# to the embedding; Gemma 2 alternates sliding and full layers, Gemma 3 has five sliding layers
+# to a full one, with Gemma 3's vocabulary.
+MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma": {"tie_word_embeddings": True},
+    "gemma2": {"tie_word_embeddings": True, "sliding_window_pattern": 2},
+    "gemma3_text": {
+        "tie_word_embeddings": True,
+        "sliding_window_pattern": 6,
+        "vocab_size": 262_208,
+    },
+}
 
 
 def layer_types(c: dict[str, Any]) -> list[str]:

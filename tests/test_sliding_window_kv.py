@@ -32,6 +32,7 @@ GEMMA_3_27B = {
     "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 62,
     "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
     "vocab_size": 262208, "sliding_window": 1024, "torch_dtype": "bfloat16",
+    "model_type": "gemma3_text",
     "layer_types": [
         "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(62)
     ],
@@ -75,6 +76,32 @@ def test_the_window_groups_follow_vllms_grouping_of_layers():
     without = {k: v for k, v in GEMMA_3_27B.items() if k != "sliding_window"}
     with pytest.raises(CostModelError, match="g: config.json has no sliding_window"):
         model_from_hf_config(without, "g")
+
+
+def test_the_published_gemma_configs_read_with_their_config_classes_defaults():
+    # google/gemma-3-27b-it's config.json states little beyond the sizes: the vocabulary, the
+    # five-sliding-to-one-full pattern and the tied output head are Gemma3TextConfig's defaults
+    gemma_3 = {
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": {
+            "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+            "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
+            "num_key_value_heads": 16, "query_pre_attn_scalar": 168, "sliding_window": 1024,
+        },
+        "torch_dtype": "bfloat16", "vision_config": {"hidden_size": 1152},
+    }  # fmt: skip
+    m = model_from_hf_config(gemma_3, "gemma-3-27b")
+    assert m.params == pytest.approx(27.0e9, rel=0.01)  # Google's model card: 27B
+    assert (m.sliding_layers, m.kv_window(), m.vocab) == (52, (1024, 6), 262_208)
+    # google/gemma-2-9b: every other layer slides over 4,096 tokens
+    gemma_2 = {
+        "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+        "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 256, "vocab_size": 256000, "sliding_window": 4096, "torch_dtype": "float32",
+    }  # fmt: skip
+    m = model_from_hf_config(gemma_2, "gemma-2-9b")
+    assert m.params == pytest.approx(9.24e9, rel=0.01)  # Gemma 2 report: 9.24B
+    assert (m.sliding_layers, m.kv_window()) == (21, (4096, 1))
 
 
 @pytest.mark.parametrize("window", [128, 1024, 4096, 100])
