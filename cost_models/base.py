@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,8 +69,8 @@ def step_shape(
     (new tokens, tokens already cached) and `decode_batch` decodes attending to
     `decode_context` tokens: a chunk of c after k cached forms c k + c (c + 1) / 2 pairs.
     Pairs and KV count the layers attending to the whole context; with `window` (tokens, r),
-    a model's sliding layers, r times as many, add theirs (`windowed_pairs`,
-    `windowed_decode`), in those layers' units."""
+    a model's sliding layers, r times as many, add theirs (`windowed_pairs`; a decode reads
+    at most the window: `windowed_decode_step`), in those layers' units."""
     tokens, pairs, kv_read = decode_batch, float(decode_context), float(decode_context)
     for c, k in chunks:
         tokens += c
@@ -78,7 +78,7 @@ def step_shape(
         kv_read += k
     if window is not None:
         size, ratio = window
-        slid, read = windowed_decode(decode_context, decode_batch, size)
+        slid = read = float(min(decode_context, decode_batch * size))
         for c, k in chunks:
             slid += windowed_pairs(k + c, size) - windowed_pairs(k, size)
             read += min(k, size)
@@ -95,9 +95,12 @@ def windowed_pairs(position: int, window: int) -> float:
     return window * (window + 1) / 2 + (position - window) * window
 
 
-def windowed_decode(context: float, batch: int, window: int) -> tuple[float, float]:
-    """(pairs, KV tokens read) of `batch` decodes attending to `context` tokens in all, in a
-    layer where each reads at most `window`: min(context, batch x window), exact when every
-    context is on the same side of the window (the engine passes the sum alone)."""
-    slid = min(context, batch * window)
-    return slid, slid
+def windowed_decode_step(ctx: Any, batch: int, window: tuple[int, float]) -> tuple[Any, Any]:
+    """(pairs, KV tokens read and written) of a decode-only step of `batch` requests attending
+    to `ctx` tokens in all (a number, or an array of steps) with sliding layers: each reads at
+    most the window, min(ctx, batch x window), exact when every context is on the same side of
+    the window (the engine passes the sum alone). The same operations in the same order as
+    `step_shape`, so a step timed either way gives the same float."""
+    size, ratio = window
+    slid = np.minimum(ctx, batch * size)
+    return ctx + ratio * slid, (ctx + ratio * (slid + batch)) + batch

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.base import CostModelError, step_shape
-from cost_models.roofline import RooflineCost, windowed_decode_step
+from cost_models.base import CostModelError, step_shape, windowed_decode_step
+from cost_models.roofline import RooflineCost
 
 TERMS = ("weights", "matmul", "attention", "allreduce", "allreduce_calls", "requests", "step")
 SHIPPED = Path(__file__).parent / "data" / "fitted" / "coefficients.json"
@@ -164,8 +164,8 @@ class FittedCost(RooflineCost):
         decode_batch: int = 0,
         decode_context: int = 0,
     ) -> float:
-        shape = step_shape(chunks, decode_batch, decode_context, self._window)  # type: ignore[attr-defined]
-        tokens, pairs, kv_read = shape
+        window = self._window  # type: ignore[attr-defined]
+        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context, window)
         return self.one_step(tokens, len(chunks) + decode_batch, kv_read + tokens, pairs)
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.base import CostModelError, step_shape
+from cost_models.base import CostModelError, step_shape, windowed_decode_step
 from cost_models.hardware import GIB, GPUSpec, ModelSpec, gpu_spec, model_spec
 from cost_models.hf_config import model_from_path, weight_format
 
@@ -222,15 +222,6 @@ class RooflineCost:
                 f"{self.tp} x {g.name} with memory_utilization={memory_utilization}"
             )
         return int(free // (m.kv_bytes_over(self.tp) / self.tp))
-
-
-def windowed_decode_step(ctx: Any, batch: int, window: tuple[int, float]) -> tuple[Any, Any]:
-    """(pairs, KV tokens read and written) of a decode step of `batch` requests attending to
-    `ctx` tokens (a number or an array of steps) with sliding layers (`step_shape`'s window),
-    the same operations in the same order as `step_shape` (floats, or arrays element-wise)."""
-    size, ratio = window
-    slid = np.minimum(ctx, batch * size)
-    return ctx + ratio * slid, (ctx + ratio * (slid + batch)) + batch
 
 
 # vLLM's memory beside weights and KV, per GPU (`vllm_reserve`): the CUDA context, cuBLAS and NCCL

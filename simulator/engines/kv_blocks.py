@@ -409,6 +409,12 @@ class BlockPool:
             )
 
 
+def window_cap(window: int, block_size: int) -> int:
+    """Blocks a decoding request holds in one window group once its context passes the window:
+    those covering the `window` positions its next token attends to (its own included)."""
+    return -(-(window - 1) // block_size) + 1
+
+
 class WindowedBlockPool(BlockPool):
     """The block pool of a hybrid model (gpt-oss, Gemma 3): besides its full-attention blocks
     (`held`, as in `BlockPool`), a running request holds blocks in `groups` sliding-window
@@ -441,8 +447,7 @@ class WindowedBlockPool(BlockPool):
     ) -> None:
         super().__init__(num_blocks, block_size, caching)
         self.window, self.groups, self.computed = window, groups, computed
-        # blocks covering the `window` positions a decoding token attends to (its own included)
-        self.window_blocks = -(-(window - 1) // block_size) + 1
+        self.window_blocks = window_cap(window, block_size)
 
     def decoding_blocks(self, full_blocks: int) -> int:
         """Window blocks (all groups) of a decoding request holding `full_blocks` blocks."""
@@ -456,11 +461,16 @@ class WindowedBlockPool(BlockPool):
         skipped = max(0, computed - self.window + 1) // b
         return self.groups * max(min(full, self.window_blocks), full - skipped)
 
+    def _admitted_window(self, hit_blocks: int, tokens: int, computed: int) -> int:
+        """Window blocks of a request admitted with blocks for `tokens` tokens, whose KV it has
+        for its cache hit or, when given, `computed` tokens (`BlockPool.admit`)."""
+        c = hit_blocks * self.block_size if computed < 0 else computed
+        return self._step_blocks(c, tokens)
+
     def fits(
         self, keys: list[int], hit_blocks: int, tokens: int, reserve: int, computed: int = -1
     ) -> bool:
-        c = hit_blocks * self.block_size if computed < 0 else computed
-        window = self._step_blocks(c, tokens)
+        window = self._admitted_window(hit_blocks, tokens, computed)
         return super().fits(keys, hit_blocks, tokens, reserve + window)
 
     def admit(
@@ -473,8 +483,7 @@ class WindowedBlockPool(BlockPool):
         computed: int = -1,
     ) -> None:
         super().admit(req, keys, hit_blocks, tokens, reserve)
-        c = hit_blocks * self.block_size if computed < 0 else computed
-        window = self._step_blocks(c, tokens)
+        window = self._admitted_window(hit_blocks, tokens, computed)
         self._take(window)
         self.window_held[req] = window
 

@@ -54,6 +54,7 @@ from simulator.engines.kv_blocks import (
     WindowedBlockPool,
     block_keys,
     kv_token_bytes,
+    window_cap,
 )
 from simulator.engines.step_model import (
     Deadlines,
@@ -215,7 +216,7 @@ class VLLMConfig(EngineKnobs):
         if window is None:
             return final
         tokens, groups = window
-        cap = -(-(tokens - 1) // b) + 1
+        cap = window_cap(tokens, b)
         chunk = np.minimum(prompt, self.max_num_batched_tokens)
         if not self.enable_chunked_prefill:
             chunk = prompt
