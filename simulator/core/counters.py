@@ -18,6 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# A spill file is a temporary, read back once to write the run folder's own (compressed) files:
+# written without dictionaries or compression, a day's step records go to disk about 2.7x faster
+# and come back about 4x faster (4M rows of five columns: 0.56 -> 0.21 s written, 0.29 -> 0.07 s
+# read, on the 2-core VM)
+SPILL_FORMAT = {"compression": "none", "use_dictionary": False}
+
 CAUSES = ("admit", "decode", "finish_extra", "refund", "lift", "refill", "complete", "prompt")
 ADMIT, DECODE, FINISH_EXTRA, REFUND, LIFT, REFILL, COMPLETE, PROMPT = range(len(CAUSES))
 
@@ -107,7 +113,7 @@ class CounterLog:
         assert self._spill is not None
         table = pa.table(self._columns())
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._spill, table.schema)
+            self._writer = pq.ParquetWriter(self._spill, table.schema, **SPILL_FORMAT)
         if table.num_rows:  # one row group a part: write_sorted reads them back as parts
             self._writer.write_table(table, row_group_size=table.num_rows)
             self._part_min.append(float(np.min(table.column("time").to_numpy())))

@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from simulator.core.counters import CounterLog
+from simulator.core.counters import SPILL_FORMAT, CounterLog
 from simulator.core.requests import STATUSES
 from traces.schema import OPTIONAL_INT_COLUMNS, SLO_CLASSES, Trace
 
@@ -112,7 +112,7 @@ class StepRecorder:
         assert self._spill is not None
         table = pa.table(self._buffered())
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._spill, table.schema)
+            self._writer = pq.ParquetWriter(self._spill, table.schema, **SPILL_FORMAT)
         self._writer.write_table(table)
         ends, kinds = self._clock_files()
         with ends.open("ab") as f:
