@@ -13,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import a10g_cost, random_trace
 from policies import FCFS
-from simulator.engines import SLoRAConfig, simulate
+from simulator.engines import ClusterConfig, SLoRAConfig, simulate
 from simulator.metrics.fairness import accumulated_service, cumulative_service, served_intervals
 from simulator.report.pictures import client_groups, run_pictures, run_title
 
@@ -83,6 +85,37 @@ def test_the_curves_follow_the_runs_tables():
         started = steps[steps.start <= t]
         batch = started.batch_size.iloc[-1] if len(started) else 0
         assert pictures.running[k] == batch, t
+
+
+def test_a_steps_file_read_a_row_group_at_a_time_gives_the_tables_curves(tmp_path: Path):
+    """A spilled run's pictures read steps.parquet a row group at a time (its steps do not fit
+    in memory): on three replicas, with row groups that cut replicas' steps apart and ties of
+    starts across groups, the curves equal those of the whole table, value for value."""
+    trace = random_trace(4, 300, 3, 300, 120, rate=9.0)
+    timeline = simulate(trace, FCFS(), a10g_cost(), SLoRAConfig(pool_tokens=6000), ClusterConfig(3))
+    requests, tokens, steps = (
+        timeline.requests_frame(),
+        timeline.tokens_frame(),
+        timeline.steps_frame(),
+    )
+    assert steps.replica.nunique() == 3
+    # a tie of starts across two row groups: the later row must win, as in the table
+    # (of the step followed by the longest idle time on its replica: the curves show it)
+    following = steps.groupby("replica").start.shift(-1).fillna(np.inf) - steps.start
+    tie = steps.iloc[[int(np.argmax(following.to_numpy()))]].assign(kv_used=1, batch_size=1)
+    path = tmp_path / "steps.parquet"
+    with pq.ParquetWriter(path, pa.Schema.from_pandas(steps, preserve_index=False)) as writer:
+        writer.write_table(pa.Table.from_pandas(steps, preserve_index=False), 97)
+        writer.write_table(pa.Table.from_pandas(tie, preserve_index=False))
+    steps = pd.concat([steps, tie], ignore_index=True)
+    summary = {"end_time": timeline.info["end_time"], "pool_tokens": timeline.pool_tokens}
+    whole = run_pictures(requests, steps, summary, "whole", tokens)
+    parts = run_pictures(requests, path, summary, "parts", tokens)
+    assert parts.replicas == whole.replicas == 3
+    np.testing.assert_array_equal(parts.times, whole.times)
+    np.testing.assert_array_equal(parts.kv_share, whole.kv_share)
+    np.testing.assert_array_equal(parts.running, whole.running)
+    assert (whole.times >= tie.start.iloc[0]).any()  # the tie's row is shown from its start
 
 
 def test_a_title_names_the_parts_of_the_run():

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -236,8 +235,8 @@ def run_config(
         if spill is not None:
             with phase("write"):
                 outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
-                steps = pd.read_parquet(Path(out_dir, "steps.parquet"))
-                if drawing:
+                if drawing:  # the steps are read from their file a row group at a time
+                    steps = Path(out_dir, "steps.parquet")
                     pictures = run_pictures(outputs.requests, steps, outputs.summary, title)
                     draw_run_pictures(Path(out_dir), pictures)
         else:

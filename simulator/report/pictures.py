@@ -11,12 +11,14 @@ run writes its other files (simulator/report/background.py). Every figure's titl
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from simulator.metrics.fairness import cumulative_service, served_intervals
 from simulator.report.console import natural_key
@@ -90,17 +92,18 @@ class RunPictures:
 
 def run_pictures(
     requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | Path,
     summary: dict[str, Any],
     title: str,
     tokens: pd.DataFrame | None = None,
 ) -> RunPictures:
-    """The curves of a run's tables (`summary`: its end time and pool size). Without `tokens`
-    (a run too large to hold them) a request still running at the end counts until the end of
-    the run."""
+    """The curves of a run's tables (`summary`: its end time and pool size; `steps`: the table,
+    or a steps.parquet read a row group at a time). Without `tokens` (a run too large to hold
+    them) a request still running at the end counts until the end of the run."""
     end = float(summary.get("end_time") or 0.0)
-    if len(steps):
-        end = max(end, float(steps["end"].max()))
+    for part in _step_parts(steps, ["end"]):
+        if len(part):
+            end = max(end, float(part["end"].max()))
     times = np.linspace(0.0, max(end, 1e-9), GRID_POINTS)
     intervals = served_intervals(requests, tokens)
     if tokens is None:  # in flight at the end: spread what it got so far up to the end
@@ -140,21 +143,51 @@ def run_pictures(
     )
 
 
-def _engine_state(steps: pd.DataFrame, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+def _step_parts(steps: pd.DataFrame | Path, columns: list[str]) -> Iterator[pd.DataFrame]:
+    """The steps table whole, or a steps.parquet file a row group at a time with only
+    `columns` (and `replica` where it has one): the steps of a spilled run do not fit in
+    memory (a day of 64 replicas records about 200M)."""
+    if isinstance(steps, pd.DataFrame):
+        yield steps
+        return
+    parts = pq.ParquetFile(steps)
+    names = [c for c in ("replica", *columns) if c in parts.schema_arrow.names]
+    for i in range(parts.num_row_groups):
+        yield parts.read_row_group(i, columns=names).to_pandas()
+
+
+def _engine_state(
+    steps: pd.DataFrame | Path, times: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
     """KV tokens in use and requests in the batch at each time, summed over replicas: each
     replica's values are those of its step running at that time (or the last one before; 0
-    before its first)."""
+    before its first). Read part by part, a later step wins a tie of starts, as in one table
+    sorted stably by start."""
+    latest: dict[int, np.ndarray] = {}  # per replica: the start of the step shown at each time
+    kv_of: dict[int, np.ndarray] = {}
+    running_of: dict[int, np.ndarray] = {}
+    for part in _step_parts(steps, ["start", "kv_used", "batch_size"]):
+        groups = part.groupby("replica", sort=True) if "replica" in part else [(0, part)]
+        for replica, own in groups:
+            own = own.sort_values("start", kind="stable")
+            start = own["start"].to_numpy()
+            at = np.searchsorted(start, times, side="right") - 1
+            if replica not in latest:
+                latest[replica] = np.full(times.shape[0], -np.inf)
+                kv_of[replica], running_of[replica] = (
+                    np.zeros(times.shape[0]),
+                    np.zeros(times.shape[0]),
+                )
+            later = at >= 0
+            later[later] = start[at[later]] >= latest[replica][later]
+            latest[replica][later] = start[at[later]]
+            kv_of[replica][later] = own["kv_used"].to_numpy()[at[later]]
+            running_of[replica][later] = own["batch_size"].to_numpy()[at[later]]
     kv, running = np.zeros(times.shape[0]), np.zeros(times.shape[0])
-    groups = steps.groupby("replica", sort=True) if "replica" in steps else [(0, steps)]
-    replicas = 0
-    for _, own in groups:
-        replicas += 1
-        own = own.sort_values("start", kind="stable")
-        at = np.searchsorted(own["start"].to_numpy(), times, side="right") - 1
-        started = at >= 0
-        kv[started] += own["kv_used"].to_numpy()[at[started]]
-        running[started] += own["batch_size"].to_numpy()[at[started]]
-    return kv, running, max(replicas, 1)
+    for replica in sorted(latest):
+        kv += kv_of[replica]
+        running += running_of[replica]
+    return kv, running, max(len(latest), 1)
 
 
 def _waiting(requests: pd.DataFrame, times: np.ndarray) -> np.ndarray:
