@@ -13,7 +13,9 @@ its own); the cost per request is printed, and the exponent of wall time against
 between the smallest and largest size. `--sizes 64` runs the issue's size itself.
 
 Measured on the 2-core VM (2026-11-26; again 2026-11-27 once coupled replicas take runs of
-decode steps): see docs/gateway.md ("Scale").
+decode steps): see docs/gateway.md ("Scale"). This times the simulation; the whole `fairsim`
+process also writes the run folder, about as long again (docs/gateway.md, "The whole `fairsim`
+process").
 
 Usage: python benchmarks/fleet_day.py [--sizes 2,4,8]
 """
