@@ -1,8 +1,8 @@
 """Work in a forked child while the parent goes on (simulator/report/background.py): the child
 prepares first, runs each submitted work in order with its arrays intact through the shared
-files, returns their results, reports a failure as an error in the parent, is stopped at once
-when the parent fails, and leaves no file behind; without fork the same calls run the works in
-the parent."""
+files, returns their results (a caller may wait for all but a few as it goes), reports a
+failure as an error in the parent, is stopped at once when the parent fails, and leaves no
+file behind; without fork the same calls run the works in the parent."""
 
 from __future__ import annotations
 
@@ -106,6 +106,34 @@ def test_the_work_gets_its_arrays_intact_after_prepare_and_returns_its_result(
         assert prepared == []  # prepared in the child, not here
         assert len(shared_files) == 2  # one per submitted work
     assert not [f for f in shared_files if os.path.exists(f)]
+
+
+def _write_and_return(path: Path, text: str) -> str:
+    path.write_text(text)
+    return text
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["child", "inline"])
+def test_catching_up_leaves_at_most_that_many_works_unfinished_and_keeps_their_results(
+    fork, monkeypatch, tmp_path
+):
+    """A caller submitting one block's work after another bounds what waits: after
+    catch_up(1), every work but the last has run, and `results` still gives all in order."""
+    if not fork:
+        monkeypatch.setattr(background, "can_fork", lambda: False)
+    elif not background.can_fork():
+        pytest.skip("fork is unavailable here")
+    paths = [tmp_path / f"{i}.txt" for i in range(3)]
+    with Worker(_prepare) as worker:
+        for i, path in enumerate(paths):
+            worker.submit(_write_and_return, path, f"work {i}")
+        worker.catch_up(1)
+        assert paths[0].read_text() == "work 0" and paths[1].read_text() == "work 1"
+        if not fork:  # run here, in order, and only as far as asked
+            assert not paths[2].exists()
+        worker.catch_up(5)  # nothing more to wait for
+        assert worker.results() == ["work 0", "work 1", "work 2"]
+    assert paths[2].read_text() == "work 2"
 
 
 def test_a_failing_work_is_an_error_in_the_parent_with_its_traceback():

@@ -220,7 +220,7 @@ def run_config(
         # buffer and the columns made to write it stay small beside the simulation's state
         spill = SpillPlan(Path(out_dir, ".spill"), max(1, budget // 16))
     # the Veeksha plots' child starts now: it imports matplotlib while this process simulates
-    drawn = spill is None and bool(cfg.get("qoe")) and bool(cfg.get("veeksha_metrics", True))
+    drawn = bool(cfg.get("qoe")) and bool(cfg.get("veeksha_metrics", True))
     with Worker(prepare_plots) if drawn else nullcontext() as plots:
         comparison = None
         other = cfg.get("compare_with")
@@ -234,11 +234,13 @@ def run_config(
         setup = qoe_setup(cfg, cost, engine, slos) if cfg.get("qoe") else None
         if spill is not None:
             with phase("write"):
-                outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup)
+                outputs = write_run_in_blocks(timeline, out_dir, resolved, budget, setup, plots)
                 if drawing:  # the steps are read from their file a row group at a time
                     steps = Path(out_dir, "steps.parquet")
                     pictures = run_pictures(outputs.requests, steps, outputs.summary, title)
                     draw_run_pictures(Path(out_dir), pictures)
+                if plots is not None:
+                    plots.results()
         else:
             with phase("tables"):
                 tables = run_tables(timeline)

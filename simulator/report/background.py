@@ -39,6 +39,7 @@ class Worker:
         self._prepare = prepare
         self._inline: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._files: list[str] = []  # the shared files of the submitted arrays
+        self._done: list[Any] = []  # the results of the finished works, in order
         self._child: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         if can_fork():
@@ -72,28 +73,50 @@ class Worker:
                 spans.append((start, raw.nbytes))
         self._conn.send((payload, path, spans))
 
+    def catch_up(self, behind: int) -> None:
+        """Wait until at most `behind` submitted works are unfinished (where the works run
+        here, run the oldest now): a caller submitting one large piece of work after another
+        keeps at most that many waiting in memory."""
+        try:
+            while self._unfinished() > behind:
+                self._done.append(self._next_result())
+        except BaseException:
+            self.stop()
+            raise
+
     def results(self) -> list[Any]:
         """Wait for every submitted work and return what each returned, in order; raise
         RuntimeError if one failed."""
+        if self._conn is not None:
+            self._conn.send(None)  # no more work
+        try:
+            while self._unfinished():
+                self._done.append(self._next_result())
+        finally:
+            self._close()
+        done, self._done = self._done, []
+        return done
+
+    def _unfinished(self) -> int:
+        if self._conn is None:
+            return len(self._inline)
+        return len(self._files) - len(self._done)
+
+    def _next_result(self) -> Any:
+        """The oldest unfinished work's result: run here, or received from the child."""
         if self._conn is None:
             if self._prepare is not None:
                 self._prepare()
-            done = [work(*args) for work, args in self._inline]
-            self._inline = []
-            return done
-        self._conn.send(None)  # no more work
-        done = []
+                self._prepare = None
+            work, args = self._inline.pop(0)
+            return work(*args)
         try:
-            for _ in self._files:
-                status, value = self._conn.recv()
-                if status != "ok":
-                    raise RuntimeError(f"a work failed in its child process: {value}")
-                done.append(value)
+            status, value = self._conn.recv()
         except EOFError:
             raise RuntimeError("the child process ended before its work") from None
-        finally:
-            self._close()
-        return done
+        if status != "ok":
+            raise RuntimeError(f"a work failed in its child process: {value}")
+        return value
 
     def stop(self) -> None:
         """End the child now, whatever it is doing."""
