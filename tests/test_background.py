@@ -7,7 +7,9 @@ file behind; without fork the same calls run the works in the parent."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from simulator.report import background
 from simulator.report.background import Worker
 
 prepared: list[str] = []  # what `_prepare` did in this process
+shutil_usage = namedtuple("shutil_usage", "total used free")  # as shutil.disk_usage gives
 
 
 def _prepare() -> None:
@@ -134,6 +137,30 @@ def test_catching_up_leaves_at_most_that_many_works_unfinished_and_keeps_their_r
         worker.catch_up(5)  # nothing more to wait for
         assert worker.results() == ["work 0", "work 1", "work 2"]
     assert paths[2].read_text() == "work 2"
+
+
+def test_arrays_go_to_the_temporary_folder_where_shared_memory_has_no_room(
+    monkeypatch, shared_files
+):
+    """A container's /dev/shm may hold 64 MB, less than one work's arrays: such a work's file
+    is made in the temporary folder instead, and the work still gets its arrays."""
+    if not background.can_fork():
+        pytest.skip("fork is unavailable here")
+    free = {"bytes": 10**12}
+    monkeypatch.setattr(
+        background.shutil, "disk_usage", lambda path: shutil_usage(0, 0, free["bytes"])
+    )
+    arrays = _arrays()
+    with Worker() as worker:
+        worker.submit(_describe, arrays, "room")
+        free["bytes"] = arrays["big"].nbytes  # less than twice the arrays
+        worker.submit(_describe, arrays, "no room")
+        roomy, cramped = worker.results()
+    assert roomy["sums"] == cramped["sums"]
+    assert [Path(f).parent for f in shared_files] == [
+        Path(background.SHARED_MEMORY),
+        Path(tempfile.gettempdir()),
+    ]
 
 
 def test_a_failing_work_is_an_error_in_the_parent_with_its_traceback():

@@ -16,6 +16,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
 import tempfile
 import traceback
@@ -28,6 +29,7 @@ from typing import Any
 from simulator.engines.forked import can_fork
 
 ALIGN = 64  # each array's data starts at a multiple of this many bytes in the shared file
+SHARED_MEMORY = "/dev/shm"
 
 
 class Worker:
@@ -60,8 +62,8 @@ class Worker:
             return
         buffers: list[pickle.PickleBuffer] = []
         payload = pickle.dumps((work, args), protocol=5, buffer_callback=buffers.append)
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk
-        fd, path = tempfile.mkstemp(prefix="fairsim-", dir=folder)
+        size = sum(buf.raw().nbytes + ALIGN for buf in buffers)
+        fd, path = tempfile.mkstemp(prefix="fairsim-", dir=_shared_folder(size))
         self._files.append(path)
         spans = []
         with os.fdopen(fd, "wb") as f:
@@ -141,6 +143,16 @@ class Worker:
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _shared_folder(size: int) -> str | None:
+    """/dev/shm (memory, not disk) where it has room for `size` bytes twice over, else the
+    temporary folder: a container's /dev/shm may hold 64 MB, less than one work's arrays."""
+    try:
+        room = shutil.disk_usage(SHARED_MEMORY).free
+    except OSError:  # no /dev/shm here
+        return None
+    return SHARED_MEMORY if room > 2 * size else None
 
 
 def _serve(conn: Connection, prepare: Callable[[], None] | None) -> None:
