@@ -12,7 +12,8 @@ DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_
 `tie_word_embeddings`; the weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
 `dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the
-usual ones; a missing field, or a quantization not modelled, is an error naming it.
+usual ones; a missing field, a quantization not modelled, or layers that are not attention
+(state-space or linear attention: `attention_layers`) is an error naming it.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def model_from_hf_config(
         step = int(c["moe_layer_freq"])
     dense_first = int(c.get("first_k_dense_replace") or 0) if experts else 0
     latent = int(c.get("kv_lora_rank") or 0)  # DeepSeek's multi-head latent attention
-    sliding = sum(kind == "sliding_attention" for kind in layer_types(c))
+    sliding = sum(kind == "sliding_attention" for kind in attention_layers(c, name))
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
     if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
         shared = max(shared, 1)  # Qwen2-MoE's and every Llama 4 MoE layer's shared expert
@@ -262,6 +263,36 @@ def layer_types(c: dict[str, Any]) -> list[str]:
     return [
         "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(every)
     ]
+
+
+# the kinds of layer `layer_types` may name that fairsim models; Llama 4's chunked-attention
+# layers are read as full attention (the same while a context stays within one 8,192-token chunk)
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+# fields of models whose layers are not all attention: state-space (Mamba) and linear-attention
+# layers keep a fixed-size state per request instead of a KV per token (Jamba, Bamba, Zamba 2,
+# Nemotron-H, Falcon-H1, MiniMax's lightning attention, Qwen3-Next's gated DeltaNet)
+RECURRENT_FIELDS = (
+    "mamba_d_state", "ssm_state_size", "hybrid_override_pattern", "layers_block_type",
+    "attn_layer_period", "attn_layer_indices", "attn_type_list", "linear_num_value_heads",
+)  # fmt: skip
+
+
+def attention_layers(c: dict[str, Any], name: str) -> list[str]:
+    """`layer_types` of a model whose every layer is attention that fairsim models: a model
+    with state-space or linear-attention layers is a one-line error rather than a KV pool and
+    step times computed as if every layer kept a KV per token."""
+    not_modelled = (
+        "fairsim models attention layers only (accepted layer_types: "
+        f"{', '.join(ATTENTION_KINDS)}); state-space and linear-attention layers are not modelled"
+    )
+    for key in RECURRENT_FIELDS:
+        if c.get(key) is not None:
+            raise CostModelError(f"{name}: config.json has {key}: {not_modelled}")
+    kinds = layer_types(c)
+    other = sorted(set(kinds) - set(ATTENTION_KINDS))
+    if other:
+        raise CostModelError(f"{name}: config.json layer_types has {other}: {not_modelled}")
+    return kinds
 
 
 # the config.json fields read as integers, and the quantization_config ones

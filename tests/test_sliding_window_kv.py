@@ -104,6 +104,43 @@ def test_the_published_gemma_configs_read_with_their_config_classes_defaults():
     assert (m.sliding_layers, m.kv_window()) == (21, (4096, 1))
 
 
+# a dense attention model's sizes, to which each case below adds what its family's config has
+SMALL = {
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 8,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        # Qwen3-Next: three gated-DeltaNet (linear attention) layers to one full-attention one
+        ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "linear_attention"),
+        ({"linear_num_value_heads": 32}, "linear_num_value_heads"),
+        ({"attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period"),  # Jamba
+        ({"hybrid_override_pattern": "M-M-M*-M"}, "hybrid_override_pattern"),  # Nemotron-H
+        ({"layer_types": ["mamba", "attention"]}, "mamba"),  # Granite 4.0-H
+        ({"layer_types": ["conv", "full_attention"]}, "conv"),  # LFM2
+        ({"mamba_d_state": 256}, "mamba_d_state"),  # Falcon-H1, Bamba
+    ],
+    ids=["qwen3-next", "linear-heads", "jamba", "nemotron-h", "granite-h", "lfm2", "falcon-h1"],
+)
+def test_models_with_state_space_or_linear_attention_layers_are_refused_by_name(extra, named):
+    """Such layers keep a fixed-size state, not a KV per token: read as attention, the pool
+    and the step times would be wrong without a word."""
+    with pytest.raises(CostModelError, match=f"m: config.json .*{named}.*attention layers only"):
+        model_from_hf_config({**SMALL, **extra}, "m")
+
+
+def test_chunked_attention_layers_read_as_full_attention():
+    # Llama 4's chunked layers attend within 8,192-token chunks: the same as full attention
+    # while a context stays within one chunk (docs/models.md)
+    kinds = ["chunked_attention"] * 3 + ["full_attention"]
+    m = model_from_hf_config({**SMALL, "layer_types": kinds * 2}, "m")
+    assert m == model_from_hf_config(SMALL, "m")
+    assert m.kv_window() is None
+
+
 @pytest.mark.parametrize("window", [128, 1024, 4096, 100])
 def test_kv_loaded_whole_holds_the_window_a_decoding_request_holds(window):
     # a request admitted with its KV already computed (loaded, or moved from a prefill replica)
