@@ -17,7 +17,12 @@ decode steps): see docs/gateway.md ("Scale"). This times the simulation; the who
 process also writes the run folder, about as long again (docs/gateway.md, "The whole `fairsim`
 process").
 
-Usage: python benchmarks/fleet_day.py [--sizes 2,4,8]
+`--whole` runs each size as a user does instead, the whole `fairsim` process writing its run
+folder with every default output, and prints its wall time, the simulate and write phases (from
+the folder's cli.log), and the process's peak memory (docs/gateway.md, "The whole `fairsim`
+process").
+
+Usage: python benchmarks/fleet_day.py [--sizes 2,4,8] [--whole]
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import resource
 import subprocess
 import sys
@@ -106,13 +113,54 @@ def one(replicas: int) -> dict[str, float]:
         }
 
 
+def whole(replicas: int) -> dict[str, float]:
+    """One size through the `fairsim` command, its run folder written (then removed)."""
+    fairsim = Path(sys.executable).with_name("fairsim")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp, "run")
+        command = [str(fairsim), *overrides(replicas), "progress=false", f"hydra.run.dir={folder}",
+                   "hydra.verbose=fairsim.timing"]  # fmt: skip
+        start = time.perf_counter()
+        with open(Path(tmp, "console"), "w") as console:
+            child = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)  # the child's own peak, not this one's
+        wall = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode:
+            sys.exit(f"fairsim exited {child.returncode}: {Path(tmp, 'console').read_text()}")
+        phases = dict(re.findall(r"phase (\w+) ([0-9.]+)", (folder / "cli.log").read_text()))
+        summary = json.loads((folder / "summary.json").read_text())
+    return {
+        "max_replicas": replicas,
+        "requests": summary["requests"],
+        "steps": summary["steps"],
+        "wall_s": round(wall, 1),
+        "simulate_s": round(float(phases["simulate"]), 1),
+        "write_s": round(float(phases["write"]), 1),
+        "peak_mb": round(usage.ru_maxrss / 1024),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="2,4,8", help="max replicas per size, e.g. 2,4,8")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: run one size
+    parser.add_argument("--whole", action="store_true", help="the whole fairsim process")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one)))
+        return
+    if args.whole:
+        done = []
+        for size in [int(s) for s in args.sizes.split(",")]:
+            r = whole(size)
+            done.append(r)
+            print(
+                f"{r['max_replicas']:>3} replicas at most, {r['steps']:>11,} steps: whole "
+                f"{r['wall_s']:>7.1f} s (simulate {r['simulate_s']:.1f} s, write "
+                f"{r['write_s']:.1f} s), peak {r['peak_mb']:>6,} MB"
+            )
+        print(json.dumps(done))
         return
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
