@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 # A spill file is a temporary, read back once to write the run folder's own (compressed) files:
-# written without dictionaries or compression, a day's step records go to disk about 2.7x faster
-# and come back about 4x faster (4M rows of five columns: 0.56 -> 0.21 s written, 0.29 -> 0.07 s
-# read, on the 2-core VM)
+# written without dictionaries or compression, 4M step records of five columns go to disk about
+# 3x faster (0.43-0.45 -> 0.13-0.14 s) and read back as fast or faster, in a file 1.8x larger
+# (64 -> 112 MB, deleted at the end): python benchmarks/write_formats.py on the 2-core VM
 SPILL_FORMAT = {"compression": "none", "use_dictionary": False}
 
 CAUSES = ("admit", "decode", "finish_extra", "refund", "lift", "refill", "complete", "prompt")

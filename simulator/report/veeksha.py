@@ -37,7 +37,7 @@ REQUEST_ROWS_FILE = "request_level_metrics.jsonl.gz"
 # gzip level 4: at scale compressing is most of the time these rows take, and level 4 halves it
 # for a file a few per cent larger (60 MB of a one-day fleet run's rows: 1.32 s at level 6, 0.64 s
 # at 4, 10.6 and 10.9 MB; the default run's 9.4 MB: 0.25 and 0.29 MB; level 3 and below lose the
-# long matches and give 0.80 MB)
+# long matches and give 0.80 MB; python benchmarks/write_formats.py --rows-file on each run's)
 ROWS_COMPRESSION = 4
 PERCENTILES = (50, 90, 95, 99)  # of each distribution's statistics
 RATE_TOLERANCE = 0.15  # Veeksha's health check: observed arrival rate within 15% of configured
