@@ -20,7 +20,7 @@ from simulator.core.counters import DECODE, CounterLog
 from simulator.core.timeline import StepRecorder
 from simulator.engines.assemble import ReplicaPart, join_clocks
 from simulator.metrics.latency import gaps_within, grouped_tokens
-from simulator.metrics.pooled import PooledGaps, WeightedValues
+from simulator.metrics.pooled import MEAN_CHUNK, PooledGaps, WeightedValues
 
 TINY_BUDGET = "memory_budget_mb=0.02"  # 327 tokens a block, steps written every 81
 
@@ -109,6 +109,36 @@ def test_weighted_values_give_numpys_quantiles_bit_for_bit():
             assert w.percentile(p) == np.percentile(expanded, p)
         assert w.min() == expanded.min() and w.max() == expanded.max()
         assert math.isclose(w.mean(), expanded.mean(), rel_tol=1e-12)
+
+
+def test_weighted_values_with_uncounted_values_give_the_counted_ones_quantiles():
+    """A subset of pooled gaps weights every gap, 0 where the subset has none (at either end
+    too): the figures are those of the counted values alone."""
+    rng = np.random.default_rng(4)
+    for size in (3, 50, 1000):
+        distinct = np.sort(rng.exponential(0.05, size).round(rng.integers(2, 9)))
+        counts = rng.integers(0, 4, size).astype(np.int32)
+        counts[[0, -1]] = 0  # the smallest and largest values are not counted
+        counts[size // 2] = 2  # at least one is
+        expanded = np.repeat(distinct, counts)
+        w = WeightedValues(distinct, counts)
+        assert w.size == expanded.size
+        for q in (0.0, 0.01, 0.5, 0.99, 1.0, *rng.random(20)):
+            assert w.quantile(q) == np.quantile(expanded, q)
+        assert w.min() == expanded.min() and w.max() == expanded.max()
+        assert math.isclose(w.mean(), expanded.mean(), rel_tol=1e-12)
+    nothing = WeightedValues(distinct, np.zeros(size, dtype=np.int32))
+    assert nothing.size == 0
+    assert all(math.isnan(f) for f in (nothing.min(), nothing.max(), nothing.mean()))
+    assert math.isnan(nothing.quantile(0.5))
+
+
+def test_the_mean_of_more_weighted_values_than_one_chunk_is_their_weighted_average():
+    rng = np.random.default_rng(5)
+    values = np.sort(rng.exponential(0.05, 2 * MEAN_CHUNK + 12_345))
+    counts = rng.integers(0, 5, values.size).astype(np.int32)
+    expected = np.dot(values, counts.astype(np.float64)) / counts.sum()
+    assert math.isclose(WeightedValues(values, counts).mean(), expected, rel_tol=1e-12)
 
 
 @pytest.mark.parametrize(
