@@ -89,7 +89,8 @@ from typing import Any
 
 import numpy as np
 
-from simulator.api import build_trace, compose_config, instantiate_parts
+from policies.base import BasePolicy
+from simulator.api import build_trace, compose_config, instantiate_parts, simulate_config
 from simulator.core.seam import Rescheduler
 from simulator.core.timeline import Timeline
 from simulator.engines import simulate
@@ -118,26 +119,19 @@ class Recorder:
         return recorded
 
 
-class Replayed:
+class Replayed(BasePolicy):
     """The recorded answers given back in order at no cost: the engine runs the same schedule
     with no policy work at all (no charges, no replica view, no indexes)."""
 
     name = "replayed"
-    charged: frozenset[type] = frozenset()
 
     def __init__(self, answers: deque[Any]) -> None:
         self.answers = answers
-
-    def bind(self, trace: Any) -> None:
-        pass
 
     def _next(self, *_: Any) -> Any:
         return self.answers.popleft()
 
     on_arrival = pick = admit = victim = _next
-
-    def charge(self, event: Any) -> None:
-        pass
 
 
 class ReplayedRescheduler(Replayed):
@@ -160,8 +154,7 @@ def config(policy: str, rate_scale: float) -> Any:
 def timed(policy: str, rate_scale: float) -> float:
     cfg = config(policy, rate_scale)
     start = time.perf_counter()
-    trace = build_trace(cfg)
-    simulate(trace, *instantiate_parts(cfg))
+    simulate_config(cfg)
     return time.perf_counter() - start
 
 
