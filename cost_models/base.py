@@ -15,7 +15,9 @@ class CostModelError(ValueError):
 class StepCostModel(Protocol):
     """How long a step takes. Optional, read where present: `step_time` (a mixed step priced
     as a whole), `kv_capacity_tokens` (the KV pool a GPU leaves), `kv_window` (the sliding
-    layers' window and groups, held per request beside the pool's blocks), `step_overhead`, and
+    layers' window and groups, held per request beside the pool's blocks), `context_limit`
+    (the longest context it computes as the engine would: requests beyond it are refused),
+    `step_overhead`, and
     `frontend_latency` (seconds from a client's send to the engine's queue: the runner
     delivers requests that much later and counts their latencies from the send)."""
 

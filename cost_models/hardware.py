@@ -69,6 +69,7 @@ class ModelSpec:
     v_head_dim: int = 0
     sliding_layers: int = 0
     sliding_window: int = 0  # tokens a sliding layer attends to (with sliding_layers > 0)
+    window_all_layers: int = 0  # > 0: every layer attends to only this many (`context_limit`)
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
     linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
     compute: str = "16-bit"  # the matrix products' format: one of COMPUTE_FORMATS
@@ -106,6 +107,7 @@ class ModelSpec:
             "sliding_layers",
             "kv_lora_rank",
             "sliding_window",
+            "window_all_layers",
         )
         for key in keys:
             v = getattr(self, key)
@@ -115,6 +117,11 @@ class ModelSpec:
             raise CostModelError(
                 f"model {self.name!r}: dense_layers_first and sliding_layers must be below "
                 f"layers ({self.layers})"
+            )
+        if self.sliding_layers and self.window_all_layers:
+            raise CostModelError(
+                f"model {self.name!r}: sliding_layers (some layers slide) and "
+                "window_all_layers (every layer does) exclude each other"
             )
         if self.sliding_layers and self.sliding_window < 1:
             raise CostModelError(
@@ -277,6 +284,13 @@ class ModelSpec:
             return None
         full = self.attention_layers
         return self.sliding_window, -(-self.sliding_layers // full)
+
+    def context_limit(self) -> int | None:
+        """The longest context (prompt + output - 1 tokens) whose KV and attention fairsim
+        computes as vLLM does, or None: any. A model whose every layer slides (Mistral 7B v0.1,
+        Phi-3 4k) attends to its window only and vLLM frees the KV that leaves it; fairsim counts
+        every token's KV and attention, the same while a context stays within the window."""
+        return self.window_all_layers or None
 
     def kv_copies(self, tp: int) -> int:
         """Copies of each token's KV over `tp` tensor-parallel GPUs: one, split by heads; with

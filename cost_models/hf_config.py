@@ -187,7 +187,9 @@ def model_from_hf_config(
         step = int(c["moe_layer_freq"])
     dense_first = int(c.get("first_k_dense_replace") or 0) if experts else 0
     latent = int(c.get("kv_lora_rank") or 0)  # DeepSeek's multi-head latent attention
+    layers = int(need("num_hidden_layers"))
     sliding = sum(kind == "sliding_attention" for kind in attention_layers(c, name))
+    every_layer = sliding == layers  # every layer slides: a window over the whole model
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
     if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
         shared = max(shared, 1)  # Qwen2-MoE's and every Llama 4 MoE layer's shared expert
@@ -206,7 +208,7 @@ def model_from_hf_config(
     head_dim = c.get("head_dim")
     return ModelSpec(
         name=name,
-        layers=int(need("num_hidden_layers")),
+        layers=layers,
         hidden=hidden,
         heads=heads,
         kv_heads=int(c.get("num_key_value_heads") or heads),
@@ -228,8 +230,9 @@ def model_from_hf_config(
         qk_nope_head_dim=int(need("qk_nope_head_dim")) if latent else 0,
         qk_rope_head_dim=int(need("qk_rope_head_dim")) if latent else 0,
         v_head_dim=int(need("v_head_dim")) if latent else 0,
-        sliding_layers=sliding,
-        sliding_window=int(need("sliding_window")) if sliding else 0,
+        sliding_layers=0 if every_layer else sliding,
+        sliding_window=int(need("sliding_window")) if sliding and not every_layer else 0,
+        window_all_layers=int(need("sliding_window")) if every_layer else 0,
         expert_bytes=expert_bytes,
     )
 
@@ -237,9 +240,12 @@ def model_from_hf_config(
 # What a family's transformers config class fills in when its config.json leaves a field out
 # (the published Gemma configs state little more than their sizes): Gemma ties its output head
 # to the embedding; Gemma 2 alternates sliding and full layers, Gemma 3 has five sliding layers
-# to a full one, with Gemma 3's vocabulary.
+# to a full one, with Gemma 3's vocabulary; the Qwen families slide no layer unless a config
+# sets use_sliding_window.
 MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {"tie_word_embeddings": True},
+    **{qwen: {"use_sliding_window": False} for qwen in ("qwen2", "qwen2_moe", "qwen3")},
+    "qwen3_moe": {"use_sliding_window": False},
     "gemma2": {"tie_word_embeddings": True, "sliding_window_pattern": 2},
     "gemma3_text": {
         "tie_word_embeddings": True,
@@ -252,17 +258,26 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
 def layer_types(c: dict[str, Any]) -> list[str]:
     """Each layer's attention, as `layer_types` lists it or, in the configs written before
     that field (Gemma 3's), as `sliding_window_pattern` p implies: every p-th layer full, the
-    others sliding. Neither: every layer attends to the whole context."""
+    others sliding. Neither, with a `sliding_window`: every layer slides (Mistral 7B v0.1,
+    Phi-3 4k), or with Qwen2's `use_sliding_window` those from `max_window_layers` on (none
+    when it is false, its config class's default). Else every layer attends to the whole
+    context."""
     kinds = c.get("layer_types")
     if kinds is not None:
         return list(kinds)
-    pattern = c.get("sliding_window_pattern")
-    if not pattern or pattern < 2:
-        return []
     every = int(c.get("num_hidden_layers") or 0)
-    return [
-        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(every)
-    ]
+    pattern = c.get("sliding_window_pattern")
+    if pattern and pattern >= 2:
+        return [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(every)
+        ]
+    if c.get("sliding_window") is None or not c.get("use_sliding_window", True):
+        return []
+    # Qwen2's form: with use_sliding_window, the layers from max_window_layers on slide;
+    # Mistral 7B v0.1's and Phi-3's (no such field): every layer slides
+    first = int(c.get("max_window_layers") or 0) if "use_sliding_window" in c else 0
+    return ["full_attention" if i < first else "sliding_attention" for i in range(every)]
 
 
 # the kinds of layer `layer_types` may name that fairsim models; Llama 4's chunked-attention
@@ -304,6 +319,7 @@ INTEGER_FIELDS = (
     "head_dim", "num_hidden_layers", "num_key_value_heads", "vocab_size",
     "num_experts_per_tok", "experts_per_token", "q_lora_rank", "qk_nope_head_dim",
     "qk_rope_head_dim", "v_head_dim", "sliding_window", "sliding_window_pattern",
+    "max_window_layers",
 )  # fmt: skip
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")

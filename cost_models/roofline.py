@@ -192,6 +192,10 @@ class RooflineCost:
             fixed = self._count_terms(batch_size, batch_size)
         return fixed + attention + self.step_overhead
 
+    def context_limit(self) -> int | None:
+        """The longest context computed as vLLM does (`ModelSpec.context_limit`), or None."""
+        return self.model_spec.context_limit()
+
     def kv_window(self) -> tuple[int, int] | None:
         """The sliding layers' KV as the engine's block pool keeps it (`ModelSpec.kv_window`):
         (window tokens, window groups), or None."""

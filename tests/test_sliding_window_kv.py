@@ -21,7 +21,7 @@ from cost_models.hf_config import model_from_hf_config
 from policies import DLPM, FCFS, LPM, VTC, Andes
 from simulator.core.errors import ConfigError
 from simulator.core.requests import COMPLETED
-from simulator.engines import ClusterConfig, VLLMConfig, simulate
+from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
 from simulator.engines.kv_blocks import WindowedBlockPool
 
 B = 16  # tokens per block
@@ -297,6 +297,78 @@ def test_the_windows_use_memory_a_model_without_them_leaves_free():
     tl = simulate(lone, FCFS(), WindowedConstant(prefill=0.05, decode=0.01, window=64), cfg)
     full = -(-1001 // B) * B  # its full-attention KV tokens at the last decode step
     assert tl.steps["kv_used"][-2] == full + 2 * (-(-63 // B) + 1) * B
+
+
+# mistralai/Mistral-7B-v0.1's config.json (its sizes): every layer slides over 4,096 tokens
+MISTRAL_7B_V01 = {
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+    "sliding_window": 4096, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_a_config_whose_every_layer_slides_limits_the_context_computed_exactly():
+    # Mistral 7B v0.1 and Phi-3 4k (window 2,047) slide every layer: no full layer to size the
+    # pool by, so fairsim computes them as full attention only within the window
+    mistral = model_from_hf_config(MISTRAL_7B_V01, "mistral")
+    assert (mistral.sliding_layers, mistral.kv_window(), mistral.context_limit()) == (0, None, 4096)
+    phi_3 = model_from_hf_config({**MISTRAL_7B_V01, "sliding_window": 2047}, "phi-3")
+    assert phi_3.context_limit() == 2047
+    assert RooflineCost(model=mistral, gpu="h100").context_limit() == 4096
+    assert RooflineCost(model="llama-2-7b", gpu="h100").context_limit() is None
+    # Mistral 7B v0.2 on: sliding_window null, full attention with no limit
+    v02 = model_from_hf_config({**MISTRAL_7B_V01, "sliding_window": None}, "mistral")
+    assert v02.context_limit() is None and v02 == model_from_hf_config(
+        {k: v for k, v in MISTRAL_7B_V01.items() if k != "sliding_window"}, "mistral"
+    )
+    # every layer marked sliding in layer_types reads the same
+    listed = {**MISTRAL_7B_V01, "layer_types": ["sliding_attention"] * 32}
+    assert model_from_hf_config(listed, "mistral") == mistral
+
+
+def test_qwen2_slides_only_the_layers_its_use_sliding_window_names():
+    # Qwen2.5's configs carry a sliding_window with use_sliding_window false (and its config
+    # class defaults to false): full attention everywhere
+    qwen = {**SMALL, "model_type": "qwen2", "sliding_window": 4096, "max_window_layers": 8}
+    full = model_from_hf_config({k: v for k, v in qwen.items() if k != "sliding_window"}, "q")
+    assert model_from_hf_config(qwen, "q") == full
+    assert model_from_hf_config({**qwen, "use_sliding_window": False}, "q") == full
+    # turned on, the layers from max_window_layers on slide (transformers' Qwen2Config)
+    assert model_from_hf_config({**qwen, "use_sliding_window": True}, "q") == full  # 8 of 8
+    half = model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 4}, "q")
+    assert (half.sliding_layers, half.kv_window(), half.context_limit()) == (4, (4096, 1), None)
+    every = model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 0}, "q")
+    assert (every.sliding_layers, every.context_limit()) == (0, 4096)
+
+
+@dataclass(frozen=True)
+class SlidingEverywhere(ConstantStepCost):
+    """Constant step times, for a model whose every layer slides over `window` tokens."""
+
+    window: int = 64
+
+    def context_limit(self) -> int:
+        return self.window
+
+
+@pytest.mark.parametrize("engine", ["vllm", "slora"])
+def test_requests_whose_context_passes_a_whole_model_window_are_refused_not_mis_simulated(engine):
+    # contexts (prompt + output - 1) of 64, 65 and 40 tokens against a 64-token window
+    t = trace([0.0, 0.1, 0.2], [40, 40, 30], [25, 26, 11])
+    window = SlidingEverywhere(prefill=0.05, decode=0.01, window=64)
+    plain = ConstantStepCost(prefill=0.05, decode=0.01)
+    cfg = VLLMConfig(pool_tokens=1600) if engine == "vllm" else SLoRAConfig(pool_tokens=1600)
+    tl = simulate(t, FCFS(), window, cfg)
+    assert tl.reason[1] == "exceeds_sliding_window" and tl.status[1] != COMPLETED
+    assert (tl.status[[0, 2]] == COMPLETED).all()
+    # within the window nothing differs from full attention: the same tokens at the same times
+    kept = simulate(t.take(np.array([0, 2])), FCFS(), plain, cfg)
+    assert tl.token_times()[2].tolist() == kept.token_times()[2].tolist()
+    # a max_model_len at the window refuses them as vLLM's --disable-sliding-window does
+    if engine == "vllm":
+        capped = simulate(t, FCFS(), window, VLLMConfig(pool_tokens=1600, max_model_len=65))
+        assert capped.reason[1] == "exceeds_max_model_len"
 
 
 def test_a_request_whose_first_chunk_and_windows_never_fit_is_refused():

@@ -45,6 +45,7 @@ from simulator.engines.step_model import (
     Pairs,
     Plan,
     StepModel,
+    beyond_context_limit,
     check_integers,
     clients_gone,
     decode_step_ends,
@@ -81,11 +82,13 @@ class SLoRAConfig(EngineKnobs):
 
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): its peak KV need
-        exceeds the pool less one reservation, or its prompt exceeds the prefill budget."""
+        exceeds the pool less one reservation, its prompt exceeds the prefill budget, or its
+        context passes the model's sliding window (`beyond_context_limit`)."""
         peak = trace.prompt_len + trace.output_len + 1
         too_big = peak > self.pool_tokens - self.reserve_per_client
         too_long = trace.prompt_len > self.batch_max_tokens
         reason = np.full(len(trace), None, dtype=object)
+        reason[beyond_context_limit(trace, cost)] = "exceeds_sliding_window"
         reason[too_long] = "prompt_exceeds_batch_max_tokens"
         reason[too_big] = "kv_pool_too_small"  # checked first
         return reason

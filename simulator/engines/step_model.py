@@ -132,6 +132,17 @@ def decode_step_ends(
     return times
 
 
+def beyond_context_limit(trace: Trace, cost: StepCostModel) -> np.ndarray:
+    """Per request, whether its context (prompt + output - 1 tokens) passes the longest the cost
+    model computes as the engine would (`context_limit`: a model whose every layer slides,
+    beyond its window): refused as "exceeds_sliding_window" rather than simulated wrong."""
+    limit = getattr(cost, "context_limit", None)
+    window = None if limit is None else limit()
+    if window is None:
+        return np.zeros(len(trace), dtype=bool)
+    return trace.prompt_len + trace.output_len - 1 > window
+
+
 Deadlines = list[tuple[float, int]]  # (when its client gives up, request): a heap
 
 

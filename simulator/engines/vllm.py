@@ -63,6 +63,7 @@ from simulator.engines.step_model import (
     Pairs,
     Plan,
     StepModel,
+    beyond_context_limit,
     check_integers,
     clients_gone,
     decode_step_ends,
@@ -190,9 +191,10 @@ class VLLMConfig(EngineKnobs):
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): "kv_pool_too_small" if
         its final KV (prompt + output - 1 tokens) needs more blocks than one replica's pool has,
-        "exceeds_max_model_len", or without chunked prefill
-        "prompt_exceeds_max_num_batched_tokens"."""
+        "exceeds_max_model_len", without chunked prefill "prompt_exceeds_max_num_batched_tokens",
+        or "exceeds_sliding_window" (`beyond_context_limit`)."""
         reason = np.full(len(trace), None, dtype=object)
+        reason[beyond_context_limit(trace, cost)] = "exceeds_sliding_window"  # any other overrides
         if not self.enable_chunked_prefill:
             too_long = trace.prompt_len > self.max_num_batched_tokens
             reason[too_long] = "prompt_exceeds_max_num_batched_tokens"
