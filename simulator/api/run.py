@@ -204,8 +204,8 @@ def run_config(
     if unfit_counts:
         counts = ", ".join(f"{n} {reason}" for reason, n in unfit_counts.items())
         print(
-            f"fairsim: {sum(unfit_counts.values())} of {len(trace)} requests can never fit the "
-            f"engine and will be refused ({counts})",
+            f"fairsim: {sum(unfit_counts.values())} of {len(trace)} requests can never be "
+            f"served as configured and will be refused on arrival ({counts})",
             file=sys.stderr,
         )
     with phase("overload check"):
