@@ -15,8 +15,8 @@ class CostModelError(ValueError):
 class StepCostModel(Protocol):
     """How long a step takes. Optional, read where present: `step_time` (a mixed step priced
     as a whole), `kv_capacity_tokens` (the KV pool a GPU leaves), `kv_window` (the sliding
-    layers' window and groups, held per request beside the pool's blocks), `context_limit`
-    (the longest context it computes as the engine would: requests beyond it are refused),
+    layers' window and groups, held per request beside the pool's blocks), `all_layers_window`
+    (the window every layer of a model attends to, when every layer slides),
     `step_overhead`, and
     `frontend_latency` (seconds from a client's send to the engine's queue: the runner
     delivers requests that much later and counts their latencies from the send)."""
@@ -86,6 +86,22 @@ def step_shape(
             read += min(k, size)
         pairs += ratio * slid
         kv_read += ratio * (read + tokens)  # (the full layers' new tokens: the caller's)
+    return tokens, pairs, kv_read
+
+
+def slid_step_shape(
+    chunks: Sequence[tuple[int, int]], decode_batch: int, decode_context: int, window: int
+) -> tuple[int, float, float]:
+    """`step_shape` of a model whose every layer attends to its last `window` tokens: a prompt
+    token forms at most the window's pairs, a chunk reads at most the window's cached KV and the
+    decodes at most a window each (min(context, requests x window), exact when every context
+    is on the same side of the window). Within the window, full attention's figures exactly."""
+    read = float(min(decode_context, decode_batch * window))
+    tokens, pairs, kv_read = decode_batch, read, read
+    for c, k in chunks:
+        tokens += c
+        pairs += windowed_pairs(k + c, window) - windowed_pairs(k, window)
+        kv_read += min(k, window)
     return tokens, pairs, kv_read
 
 

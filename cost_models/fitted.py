@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.base import CostModelError, step_shape, windowed_decode_step
+from cost_models.base import CostModelError, windowed_decode_step
 from cost_models.roofline import RooflineCost
 
 TERMS = ("weights", "matmul", "attention", "allreduce", "allreduce_calls", "requests", "step")
@@ -164,8 +164,7 @@ class FittedCost(RooflineCost):
         decode_batch: int = 0,
         decode_context: int = 0,
     ) -> float:
-        window = self._window  # type: ignore[attr-defined]
-        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context, window)
+        tokens, pairs, kv_read = self._shape(chunks, decode_batch, decode_context)
         return self.one_step(tokens, len(chunks) + decode_batch, kv_read + tokens, pairs)
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
@@ -173,6 +172,8 @@ class FittedCost(RooflineCost):
 
     def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
+        if self._whole is not None:  # type: ignore[attr-defined]
+            ctx = np.minimum(ctx, batch_size * self._whole)  # type: ignore[attr-defined]
         per_pair, per_token = self._attention  # type: ignore[attr-defined]
         beta = self.beta["attention"]  # type: ignore[attr-defined]
         window = self._window  # type: ignore[attr-defined]
@@ -185,6 +186,8 @@ class FittedCost(RooflineCost):
 
     def decode_time(self, batch_size: int, context_tokens: int) -> float:
         ctx = float(context_tokens)
+        if self._whole is not None:  # type: ignore[attr-defined]
+            ctx = float(min(context_tokens, batch_size * self._whole))  # type: ignore[attr-defined]
         window = self._window  # type: ignore[attr-defined]
         if window is None:
             return self.one_step(batch_size, batch_size, ctx + batch_size, ctx)

@@ -42,7 +42,10 @@ class ModelSpec:
     keys of `qk_nope_head_dim + qk_rope_head_dim` and values of `v_head_dim`. Layers of
     `sliding_layers` attend to the last `sliding_window` tokens only (gpt-oss, Gemma 3): their
     KV, bounded by the window, is not counted per token but held per request in window groups
-    (`kv_window`); their attention is counted per window (`cost_models.base.step_shape`)."""
+    (`kv_window`); their attention is counted per window (`cost_models.base.step_shape`). A
+    model whose every layer slides (Mistral 7B v0.1, Phi-3 4k) has `window_all_layers` instead:
+    each request keeps at most a window of KV (the engine's `SlidingBlockPool`), and a step
+    reads and attends to at most it (`cost_models.base.slid_step_shape`)."""
 
     name: str
     layers: int
@@ -69,7 +72,7 @@ class ModelSpec:
     v_head_dim: int = 0
     sliding_layers: int = 0
     sliding_window: int = 0  # tokens a sliding layer attends to (with sliding_layers > 0)
-    window_all_layers: int = 0  # > 0: every layer attends to only this many (`context_limit`)
+    window_all_layers: int = 0  # > 0: every layer attends to only this many last tokens
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
     linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
     compute: str = "16-bit"  # the matrix products' format: one of COMPUTE_FORMATS
@@ -284,13 +287,6 @@ class ModelSpec:
             return None
         full = self.attention_layers
         return self.sliding_window, -(-self.sliding_layers // full)
-
-    def context_limit(self) -> int | None:
-        """The longest context (prompt + output - 1 tokens) whose KV and attention fairsim
-        computes as vLLM does, or None: any. A model whose every layer slides (Mistral 7B v0.1,
-        Phi-3 4k) attends to its window only and vLLM frees the KV that leaves it; fairsim counts
-        every token's KV and attention, the same while a context stays within the window."""
-        return self.window_all_layers or None
 
     def kv_copies(self, tp: int) -> int:
         """Copies of each token's KV over `tp` tensor-parallel GPUs: one, split by heads; with

@@ -8,7 +8,8 @@ the expert MLP width (`moe_intermediate_size`), shared experts, Llama 4's interl
 DeepSeek's leading dense layers (`first_k_dense_replace`) for the weights a step reads;
 DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_head_dim`,
 `qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` (or Gemma's
-`sliding_window_pattern`) marks `sliding_attention` and their `sliding_window`;
+`sliding_window_pattern`, or Qwen2's `use_sliding_window`) marks `sliding_attention` and their
+`sliding_window`, which with neither field every layer attends to (Mistral 7B v0.1, Phi-3 4k);
 `tie_word_embeddings`; the weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
 `dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.base import CostModelError, step_shape, windowed_decode_step
+from cost_models.base import CostModelError, slid_step_shape, step_shape, windowed_decode_step
 from cost_models.hardware import GIB, GPUSpec, ModelSpec, gpu_spec, model_spec
 from cost_models.hf_config import model_from_path, weight_format
 
@@ -74,6 +74,7 @@ class RooflineCost:
         window = m.kv_window()
         ratio = m.sliding_layers / m.attention_layers
         object.__setattr__(self, "_window", None if window is None else (window[0], ratio))
+        object.__setattr__(self, "_whole", m.window_all_layers or None)  # every layer slides
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -156,19 +157,29 @@ class RooflineCost:
         `decode_batch` decoding requests attending to `decode_context` tokens in total. Every
         chunk samples a token (a chunk that ends mid-prompt costs one head row too: an upper
         bound)."""
-        window = self._window  # type: ignore[attr-defined]
-        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context, window)
+        tokens, pairs, kv_read = self._shape(chunks, decode_batch, decode_context)
         per_pair, per_token = self._attention_rates()
         attention = max(per_pair * pairs, per_token * (kv_read + tokens))
         return (
             self._count_terms(tokens, len(chunks) + decode_batch) + attention + (self.step_overhead)
         )
 
+    def _shape(
+        self, chunks: Sequence[tuple[int, int]], decode_batch: int, decode_context: int
+    ) -> tuple[int, float, float]:
+        """A step's (tokens, pairs, KV read), with the model's windows (`step_shape`)."""
+        whole = self._whole  # type: ignore[attr-defined]
+        if whole is not None:
+            return slid_step_shape(chunks, decode_batch, decode_context, whole)
+        return step_shape(chunks, decode_batch, decode_context, self._window)  # type: ignore[attr-defined]
+
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         return self.step_time([(int(p), 0) for p in np.asarray(prompt_lens).tolist()])
 
     def decode_times(self, batch_size: int, context_tokens: np.ndarray) -> np.ndarray:
         ctx = np.asarray(context_tokens, dtype=np.float64)
+        if self._whole is not None:  # type: ignore[attr-defined]
+            ctx = np.minimum(ctx, batch_size * self._whole)  # type: ignore[attr-defined]
         per_pair, per_token = self._attention_rates()
         window = self._window  # type: ignore[attr-defined]
         if window is None:
@@ -180,6 +191,8 @@ class RooflineCost:
 
     def decode_time(self, batch_size: int, context_tokens: int) -> float:
         ctx = float(context_tokens)
+        if self._whole is not None:  # type: ignore[attr-defined]
+            ctx = float(min(context_tokens, batch_size * self._whole))  # type: ignore[attr-defined]
         per_pair, per_token = self._rates  # type: ignore[attr-defined]
         window = self._window  # type: ignore[attr-defined]
         if window is None:
@@ -192,9 +205,10 @@ class RooflineCost:
             fixed = self._count_terms(batch_size, batch_size)
         return fixed + attention + self.step_overhead
 
-    def context_limit(self) -> int | None:
-        """The longest context computed as vLLM does (`ModelSpec.context_limit`), or None."""
-        return self.model_spec.context_limit()
+    def all_layers_window(self) -> int | None:
+        """The window every layer attends to (Mistral 7B v0.1, Phi-3 4k), or None: the engine
+        keeps that much KV per request, and a step reads and attends to at most it."""
+        return self.model_spec.window_all_layers or None
 
     def kv_window(self) -> tuple[int, int] | None:
         """The sliding layers' KV as the engine's block pool keeps it (`ModelSpec.kv_window`):

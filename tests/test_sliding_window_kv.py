@@ -22,7 +22,7 @@ from policies import DLPM, FCFS, LPM, VTC, Andes
 from simulator.core.errors import ConfigError
 from simulator.core.requests import COMPLETED
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
-from simulator.engines.kv_blocks import WindowedBlockPool
+from simulator.engines.kv_blocks import SlidingBlockPool, WindowedBlockPool, window_cap
 
 B = 16  # tokens per block
 
@@ -219,8 +219,8 @@ def test_a_run_of_decode_steps_takes_the_blocks_stepping_one_by_one_takes(
     start = decoding_pool(tokens, 100_000, window, groups)
     blocks = start.used + spare  # a pool that may run out during the run
     run, one_by_one = (decoding_pool(tokens, blocks, window, groups) for _ in range(2))
-    k = run.decode_steps_that_fit(tokens, steps)
     rows = list(range(len(tokens)))
+    k = run.decode_steps_that_fit(rows, tokens, steps)
     in_use, evicted = run.decode(rows, tokens, k)
     assert evicted == []
     computed, stepped = list(tokens), []
@@ -308,18 +308,22 @@ MISTRAL_7B_V01 = {
 }  # fmt: skip
 
 
-def test_a_config_whose_every_layer_slides_limits_the_context_computed_exactly():
+def test_a_config_whose_every_layer_slides_reads_as_one_window_over_the_model():
     # Mistral 7B v0.1 and Phi-3 4k (window 2,047) slide every layer: no full layer to size the
-    # pool by, so fairsim computes them as full attention only within the window
+    # pool by, so the pool's blocks are the whole model's and a request holds a window of them
     mistral = model_from_hf_config(MISTRAL_7B_V01, "mistral")
-    assert (mistral.sliding_layers, mistral.kv_window(), mistral.context_limit()) == (0, None, 4096)
+    assert (mistral.sliding_layers, mistral.kv_window(), mistral.window_all_layers) == (
+        0,
+        None,
+        4096,
+    )
     phi_3 = model_from_hf_config({**MISTRAL_7B_V01, "sliding_window": 2047}, "phi-3")
-    assert phi_3.context_limit() == 2047
-    assert RooflineCost(model=mistral, gpu="h100").context_limit() == 4096
-    assert RooflineCost(model="llama-2-7b", gpu="h100").context_limit() is None
-    # Mistral 7B v0.2 on: sliding_window null, full attention with no limit
+    assert phi_3.window_all_layers == 2047
+    assert RooflineCost(model=mistral, gpu="h100").all_layers_window() == 4096
+    assert RooflineCost(model="llama-2-7b", gpu="h100").all_layers_window() is None
+    # Mistral 7B v0.2 on: sliding_window null, full attention
     v02 = model_from_hf_config({**MISTRAL_7B_V01, "sliding_window": None}, "mistral")
-    assert v02.context_limit() is None and v02 == model_from_hf_config(
+    assert v02.window_all_layers == 0 and v02 == model_from_hf_config(
         {k: v for k, v in MISTRAL_7B_V01.items() if k != "sliding_window"}, "mistral"
     )
     # every layer marked sliding in layer_types reads the same
@@ -337,9 +341,9 @@ def test_qwen2_slides_only_the_layers_its_use_sliding_window_names():
     # turned on, the layers from max_window_layers on slide (transformers' Qwen2Config)
     assert model_from_hf_config({**qwen, "use_sliding_window": True}, "q") == full  # 8 of 8
     half = model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 4}, "q")
-    assert (half.sliding_layers, half.kv_window(), half.context_limit()) == (4, (4096, 1), None)
+    assert (half.sliding_layers, half.kv_window(), half.window_all_layers) == (4, (4096, 1), 0)
     every = model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 0}, "q")
-    assert (every.sliding_layers, every.context_limit()) == (0, 4096)
+    assert (every.sliding_layers, every.window_all_layers) == (0, 4096)
 
 
 @dataclass(frozen=True)
@@ -348,27 +352,184 @@ class SlidingEverywhere(ConstantStepCost):
 
     window: int = 64
 
-    def context_limit(self) -> int:
+    def all_layers_window(self) -> int:
         return self.window
 
 
-@pytest.mark.parametrize("engine", ["vllm", "slora"])
-def test_requests_whose_context_passes_a_whole_model_window_are_refused_not_mis_simulated(engine):
-    # contexts (prompt + output - 1) of 64, 65 and 40 tokens against a 64-token window
-    t = trace([0.0, 0.1, 0.2], [40, 40, 30], [25, 26, 11])
+@settings(max_examples=150, deadline=None)
+@given(
+    prompt=st.integers(1, 700),
+    output=st.integers(1, 300),
+    chunk=st.integers(1, 300),
+    window=st.sampled_from([16, 32, 64, 100, 128]),
+)
+def test_a_request_of_a_model_whose_every_layer_slides_holds_vllms_blocks(
+    prompt, output, chunk, window
+):
+    computed = [0]
+    pool = SlidingBlockPool(100_000, B, False, window, computed)
+
+    def holds() -> int:
+        return pool.held[0] - pool.skipped[0]
+
+    n = min(prompt, chunk)
+    pool.admit(0, [], 0, n, 0)
+    counts = [(vllm_window_blocks(0, n, window), holds())]
+    computed[0] = n
+    while computed[0] < prompt:
+        c = computed[0]
+        n = min(prompt - c, chunk)
+        assert pool.grow(0, c + n)
+        counts.append((vllm_window_blocks(c, c + n, window), holds()))
+        computed[0] = c + n
+    pool.prefill_done(0)
+    for _ in range(output - 1):
+        c = computed[0]
+        assert pool.add_token_each([0], computed)
+        counts.append((vllm_window_blocks(c, c + 1, window), holds()))
+        computed[0] = c + 1
+        assert pool.held[0] == -(-computed[0] // B)  # the blocks covering its tokens
+        assert holds() == min(pool.held[0], window_cap(window, B))
+    assert counts[0][0] == counts[0][1], "the first chunk holds every block it computes"
+    for theirs, ours in counts:  # vLLM frees the oldest a step before the new one is needed
+        assert theirs <= ours <= theirs + 1
+    assert pool.used == holds()
+    pool.check()
+    pool.release(0)
+    assert pool.free == pool.num_blocks
+
+
+def sliding_pool(tokens: list[int], blocks: int, window: int, cached: int) -> SlidingBlockPool:
+    """A pool in which request i decodes from tokens[i] tokens, its first `cached` prompt
+    blocks cached (request i's keys are its own)."""
+    pool = SlidingBlockPool(blocks, B, True, window, list(tokens))
+    for r, t in enumerate(tokens):
+        pool.admit(r, [], 0, t, 0, computed=t)
+        pool.register(r, [1000 * r + j for j in range(cached)], t)
+    return pool
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    tokens=st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    steps=st.integers(1, 200),
+    spare=st.integers(0, 40),
+    window=st.sampled_from([16, 64, 100, 128]),
+    cached=st.integers(0, 6),
+)
+def test_a_run_of_decode_steps_of_a_sliding_model_takes_what_stepping_takes(
+    tokens, steps, spare, window, cached
+):
+    blocks = sliding_pool(tokens, 100_000, window, cached).used + spare
+    run, one_by_one = (sliding_pool(tokens, blocks, window, cached) for _ in range(2))
+    rows = list(range(len(tokens)))
+    k = run.decode_steps_that_fit(rows, tokens, steps)
+    in_use, _ = run.decode(rows, tokens, k)
+    computed, stepped = list(tokens), []
+    while len(stepped) < k and one_by_one.add_token_each(rows, computed):
+        computed = [c + 1 for c in computed]
+        stepped.append(one_by_one.used * B)
+    assert in_use == stepped, "each step of the run holds what stepping holds"
+    state = (dict(run.held), dict(run.skipped), run.empty, dict(run.refs), list(run.lru))
+    assert state == (
+        dict(one_by_one.held),
+        dict(one_by_one.skipped),
+        one_by_one.empty,
+        dict(one_by_one.refs),
+        list(one_by_one.lru),
+    )
+    run.check()
+    # a run ends before a step releasing a cached block; stepping on releases it as cached
+    if k < steps and one_by_one.add_token_each(rows, computed):
+        one_by_one.check()
+    if k > 1:
+        kept = k // 2
+        short = sliding_pool(tokens, blocks, window, cached)
+        short.decode(rows, tokens, kept)
+        run.shorten(rows, tokens, k, kept, [])
+        assert (dict(run.held), dict(run.skipped), run.empty) == (
+            dict(short.held),
+            dict(short.skipped),
+            short.empty,
+        )
+
+
+def test_a_sliding_model_within_its_window_runs_as_full_attention_and_past_it_holds_less():
+    t = random_trace(4, 80, 2, max_prompt=300, max_output=200, rate=6.0)
+    cfg = VLLMConfig(pool_tokens=8000, max_num_batched_tokens=256)
+    plain = simulate(t, FCFS(), ConstantStepCost(prefill=0.05, decode=0.01), cfg)
+    wide = simulate(t, FCFS(), SlidingEverywhere(prefill=0.05, decode=0.01, window=600), cfg)
+    # every context within the window: the same run bit for bit
+    assert wide.token_times()[2].tolist() == plain.token_times()[2].tolist()
+    assert wide.steps["kv_used"].tolist() == plain.steps["kv_used"].tolist()
+    narrow = simulate(t, FCFS(), SlidingEverywhere(prefill=0.05, decode=0.01, window=64), cfg)
+    check_invariants(narrow, cfg)
+    assert (narrow.status == COMPLETED).all(), "long contexts are served, not refused"
+    assert narrow.steps["kv_used"].max() < plain.steps["kv_used"].max()
+    # a lone request decoding past its window holds the window's blocks and no more
+    lone = simulate(
+        trace([0.0], [1000], [10]), FCFS(), SlidingEverywhere(0.05, 0.01, window=64), cfg
+    )
+    assert lone.steps["kv_used"][-1] == window_cap(64, B) * B
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        None,
+        ClusterConfig(2, "least_requests"),
+        ClusterConfig(
+            prefill_replicas=1, decode_replicas=1, disaggregation={"kv_bytes_per_token": 1024}
+        ),
+    ],
+)
+def test_fast_forward_changes_nothing_for_a_model_whose_every_layer_slides(cluster):
+    cost = SlidingEverywhere(prefill=0.05, decode=0.01, window=100)
+    t = with_shared_prefixes(
+        random_trace(3, 80, 3, max_prompt=400, max_output=200, rate=20.0), 3, hash_block=16
+    )
+    runs = []
+    for ff in (True, False):
+        cfg = VLLMConfig(pool_tokens=4000, max_num_batched_tokens=256, fast_forward=ff)
+        tl = simulate(t, FCFS(), cost, cfg, cluster)
+        check_invariants(tl, cfg)
+        runs.append((tl.token_times()[2].tolist(), tl.steps["kv_used"].tolist()))
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("policy", [FCFS, VTC, LPM, DLPM, Andes])
+def test_every_policy_keeps_the_invariants_with_a_sliding_model_and_shared_prefixes(policy):
+    cost = SlidingEverywhere(prefill=0.05, decode=0.01, window=96)
+    t = with_shared_prefixes(
+        random_trace(5, 60, 3, max_prompt=500, max_output=200, rate=8.0), 5, hash_block=16
+    )
+    cfg = VLLMConfig(pool_tokens=3000, max_num_batched_tokens=256)
+    tl = simulate(t, policy(), cost, cfg)
+    check_invariants(tl, cfg)
+
+
+def test_a_sliding_models_decode_step_reads_at_most_its_window():
+    mistral = model_from_hf_config(MISTRAL_7B_V01, "mistral")
+    full = model_from_hf_config({**MISTRAL_7B_V01, "sliding_window": None}, "mistral")
+    for kind in (RooflineCost, FittedCost):
+        slid, plain = kind(model=mistral, gpu="h100"), kind(model=full, gpu="h100")
+        # within the window: the full model's step times bit for bit
+        assert slid.decode_time(8, 8 * 4000) == plain.decode_time(8, 8 * 4000)
+        assert slid.step_time([(512, 3000)], 4, 8000) == plain.step_time([(512, 3000)], 4, 8000)
+        # past it: a decode reads the windows alone, a chunk attends to the window
+        assert slid.decode_time(8, 8 * 30_000) == plain.decode_time(8, 8 * 4096)
+        assert slid.decode_time(8, 8 * 30_000) < plain.decode_time(8, 8 * 30_000)
+        assert slid.decode_times(8, np.array([8 * 30_000]))[0] == slid.decode_time(8, 8 * 30_000)
+        assert slid.step_time([(512, 20_000)]) < plain.step_time([(512, 20_000)])
+
+
+def test_the_s_lora_engine_refuses_contexts_past_a_whole_model_window():
+    # S-LoRA's pool keeps every token's KV: a sliding model's long context would be mis-costed
+    t = trace([0.0, 0.1, 0.2], [40, 40, 30], [25, 26, 11])  # contexts 64, 65 and 40
     window = SlidingEverywhere(prefill=0.05, decode=0.01, window=64)
-    plain = ConstantStepCost(prefill=0.05, decode=0.01)
-    cfg = VLLMConfig(pool_tokens=1600) if engine == "vllm" else SLoRAConfig(pool_tokens=1600)
-    tl = simulate(t, FCFS(), window, cfg)
-    assert tl.reason[1] == "exceeds_sliding_window" and tl.status[1] != COMPLETED
+    tl = simulate(t, FCFS(), window, SLoRAConfig(pool_tokens=1600))
+    assert tl.reason[1] == "exceeds_sliding_window"
     assert (tl.status[[0, 2]] == COMPLETED).all()
-    # within the window nothing differs from full attention: the same tokens at the same times
-    kept = simulate(t.take(np.array([0, 2])), FCFS(), plain, cfg)
-    assert tl.token_times()[2].tolist() == kept.token_times()[2].tolist()
-    # a max_model_len at the window refuses them as vLLM's --disable-sliding-window does
-    if engine == "vllm":
-        capped = simulate(t, FCFS(), window, VLLMConfig(pool_tokens=1600, max_model_len=65))
-        assert capped.reason[1] == "exceeds_max_model_len"
 
 
 def test_a_request_whose_first_chunk_and_windows_never_fit_is_refused():

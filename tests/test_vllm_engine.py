@@ -493,7 +493,7 @@ def test_a_cut_run_leaves_the_pool_as_the_shorter_run_would_have(seed, steps, da
     their eviction order, and the matches tracked for waiting requests."""
     kept = data.draw(st.integers(1, steps - 1))
     (long, rows, tokens), (short, _, _) = pool_with_history(seed), pool_with_history(seed)
-    steps = min(steps, long.decode_steps_that_fit(tokens, steps))  # a run's blocks fit
+    steps = min(steps, long.decode_steps_that_fit(rows, tokens, steps))  # a run's blocks fit
     if not rows or kept >= steps:
         return
     _, evicted = long.decode(rows, tokens, steps)

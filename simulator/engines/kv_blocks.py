@@ -16,12 +16,13 @@ With a CPU tier (`CPUTier`), a cached block evicted from the GPU is stored in CP
 load it back instead of recomputing; a preempted request's KV may be swapped there whole.
 
 A hybrid model's sliding-window layers (gpt-oss, Gemma 3) take blocks of their own in the same
-pool, a window's worth per request and group (`WindowedBlockPool`).
+pool, a window's worth per request and group (`WindowedBlockPool`); a model whose every layer
+slides (Mistral 7B v0.1, Phi-3 4k) holds a window's worth per request (`SlidingBlockPool`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from itertools import accumulate
 
 import numpy as np
@@ -280,9 +281,10 @@ class BlockPool:
         self._take(len(full))
         return True
 
-    def decode_steps_that_fit(self, tokens: list[int], steps: int) -> int:
-        """How many of the next `steps` one-token steps requests holding blocks for exactly
-        `tokens[i]` tokens can all take before the free blocks run out (0: not even one)."""
+    def decode_steps_that_fit(self, rows: list[int], tokens: list[int], steps: int) -> int:
+        """How many of the next `steps` one-token steps requests `rows` holding blocks for
+        exactly `tokens[i]` tokens can all take before the free blocks run out (0: not even
+        one)."""
         b, free = self.block_size, self.free
         if free >= len(tokens) * (steps // b + 1):
             return steps  # each needs at most steps // b + 1 blocks
@@ -531,7 +533,7 @@ class WindowedBlockPool(BlockPool):
                 f += b
         return grown
 
-    def decode_steps_that_fit(self, tokens: list[int], steps: int) -> int:
+    def decode_steps_that_fit(self, rows: list[int], tokens: list[int], steps: int) -> int:
         free = self.free
         if free >= len(tokens) * (steps // self.block_size + 1) * (1 + self.groups):
             return steps
@@ -563,3 +565,198 @@ class WindowedBlockPool(BlockPool):
     def release(self, req: int) -> None:
         super().release(req)
         self.empty += self.window_held.pop(req, 0)
+
+
+class SlidingBlockPool(BlockPool):
+    """The block pool of a model whose every layer attends to its last `window` tokens only
+    (Mistral 7B v0.1, Phi-3 4k): vLLM keeps one group of blocks and frees a request's blocks
+    once its computed tokens leave them behind, so a request holds at most `window_blocks`
+    (`window_cap`) however long its context. Here `held[req]` counts the blocks covering its
+    tokens, as in `BlockPool`, of which the first `skipped[req]` are released (vLLM's null
+    blocks):
+
+    - a step computing tokens c..a-1 releases the blocks before position c - window + 1, keeping
+      at least as many as decoding would (a chunk's transient, as in `WindowedBlockPool`);
+    - a decoding request holds min(held, window_blocks): past the window it releases its oldest
+      block as it takes a new one (vLLM frees it a step earlier: this pool keeps the higher
+      count for that step);
+    - a released block that is a cached prefix block stays cached, unreferenced; a prefix hit
+      counts from the first block, as in `BlockPool` (vLLM also takes a hit whose window's
+      blocks are cached after earlier ones were evicted).
+
+    A run of decode steps stops before a step that would release a cached block (whether that
+    frees one depends on who else holds it): within a run each block released is private and
+    the new one takes its place. `computed` is the engine's per-request count of computed
+    tokens, read when a running request grows."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, caching: bool, window: int, computed: list[int]
+    ) -> None:
+        super().__init__(num_blocks, block_size, caching)
+        self.window, self.computed = window, computed
+        self.window_blocks = window_cap(window, block_size)
+        self.skipped: dict[int, int] = {}  # request -> its leading blocks released
+
+    def _skip_target(self, computed: int, blocks: int) -> int:
+        """Leading blocks released once a request with `computed` tokens holds `blocks`
+        blocks' positions: those before computed - window + 1, leaving at least the window."""
+        reach = (computed - self.window + 1) // self.block_size
+        return max(0, min(reach, blocks - self.window_blocks))
+
+    def _releasing(self, req: int, upto: int) -> tuple[list[int], int]:
+        """What `req` releases moving its first held block to `upto`: the cached keys it holds
+        there, by position, and the number of private blocks."""
+        start, owned = self.skipped[req], self.owned.get(req, [])
+        keys = owned[start : min(upto, len(owned))]
+        return keys, max(0, upto - max(start, len(owned)))
+
+    def _freed(self, keys: list[int], private: int) -> int:
+        """Blocks that become free when `private` blocks and one reference to each of `keys`
+        (a key once per request holding it) are released."""
+        return private + sum(1 for key, n in Counter(keys).items() if self.refs[key] == n)
+
+    def _release_leading(self, req: int, upto: int) -> None:
+        keys, private = self._releasing(req, upto)
+        self.skipped[req] = max(self.skipped[req], upto)
+        self.empty += private
+        refs, lru = self.refs, self.lru
+        for key in reversed(keys):  # the last first, as vLLM frees them
+            n = refs[key] - 1
+            refs[key] = n
+            if n == 0:
+                lru[key] = None
+
+    def _admitted(self, hit_blocks: int, tokens: int, computed: int) -> tuple[int, int]:
+        """(blocks released, blocks taken) of a request admitted with blocks for `tokens`
+        tokens, whose KV it has for its hit or, when given, `computed` tokens."""
+        c = hit_blocks * self.block_size if computed < 0 else computed
+        blocks = self.blocks_for(tokens)
+        skipped = self._skip_target(c, blocks)
+        return skipped, blocks - max(hit_blocks, skipped)
+
+    def fits(
+        self, keys: list[int], hit_blocks: int, tokens: int, reserve: int, computed: int = -1
+    ) -> bool:
+        skipped, new = self._admitted(hit_blocks, tokens, computed)
+        reused_free = sum(1 for key in keys[skipped:hit_blocks] if key in self.lru)
+        return new <= self.free - reused_free - reserve
+
+    def admit(
+        self,
+        req: int,
+        keys: list[int],
+        hit_blocks: int,
+        tokens: int,
+        reserve: int,
+        computed: int = -1,
+    ) -> None:
+        skipped, new = self._admitted(hit_blocks, tokens, computed)
+        self._reference(req, keys[skipped:hit_blocks])
+        self.owned[req] = list(keys[:hit_blocks])  # by position; those before `skipped` unheld
+        self.skipped[req] = skipped
+        self._take(new)
+        self.held[req] = self.blocks_for(tokens)
+        self.untrack(req)
+
+    def register(self, req: int, keys: list[int], computed: int) -> None:
+        if self.skipped.get(req, 0) > len(self.owned.get(req, [])):
+            return  # its cached run ends at a released block: the blocks after stay private
+        super().register(req, keys, computed)
+
+    def grow(self, req: int, tokens: int) -> bool:
+        blocks = max(self.held[req], self.blocks_for(tokens))
+        new = blocks - self.held[req]
+        upto = max(self.skipped[req], self._skip_target(self.computed[req], blocks))
+        keys, private = self._releasing(req, upto)
+        if new > self.free + self._freed(keys, private):
+            return False
+        self._release_leading(req, upto)  # freed before the new blocks are taken, as vLLM does
+        self._take(new)
+        self.held[req] = blocks
+        return True
+
+    def add_token_each(self, rows: list[int], computed: list[int]) -> bool:
+        held, size, cap = self.held, self.block_size, self.window_blocks
+        full = [r for r in rows if computed[r] == held[r] * size]
+        passing = [r for r in full if held[r] + 1 > cap]  # each releases its oldest block
+        released = [self._releasing(r, held[r] + 1 - cap) for r in passing]
+        keys = [key for ks, _ in released for key in ks]
+        if len(full) > self.free + self._freed(keys, sum(p for _, p in released)):
+            return False
+        for r in passing:
+            self._release_leading(r, held[r] + 1 - cap)
+        for r in full:
+            held[r] += 1
+        self._take(len(full))
+        return True
+
+    def prefill_done(self, req: int) -> None:
+        self._release_leading(req, max(0, self.held[req] - self.window_blocks))
+
+    def _growth(self, tokens: list[int], steps: int) -> list[int]:
+        """Blocks requests decoding from `tokens[i]` tokens each take at each of the next
+        `steps` steps, past the window none (index j: step j; index 0 unused)."""
+        b, cap = self.block_size, self.window_blocks
+        grown = [0] * (steps + 1)
+        for t in tokens:
+            f = (-t) % b + 1  # the step at which it starts a new block
+            blocks = -(-t // b)
+            while f <= steps and blocks < cap:
+                blocks += 1
+                grown[f] += 1
+                f += b
+        return grown
+
+    def decode_steps_that_fit(self, rows: list[int], tokens: list[int], steps: int) -> int:
+        b, cap = self.block_size, self.window_blocks
+        for r, t in zip(rows, tokens, strict=True):
+            if self.skipped[r] < len(self.owned.get(r, ())):  # it holds cached blocks
+                blocks = -(-t // b)
+                first = (-t) % b + 1 + max(0, cap - blocks) * b  # its first release
+                steps = min(steps, first - 1)  # a run stops before it
+        used = 0
+        for j, n in enumerate(self._growth(tokens, steps)[1:]):
+            used += n
+            if used > self.free:
+                return j
+        return steps
+
+    def decode(self, rows: list[int], tokens: list[int], steps: int) -> tuple[list[int], list[int]]:
+        b, held, skipped, cap = self.block_size, self.held, self.skipped, self.window_blocks
+        for r, t in zip(rows, tokens, strict=True):
+            held[r] = -(-(t + steps) // b)
+            skipped[r] = max(skipped[r], held[r] - cap)  # private blocks, reused
+        grown = self._growth(tokens, steps)
+        in_use = [u * b for u in accumulate(grown[1:], initial=self.used)][1:]
+        return in_use, self._take(sum(grown))
+
+    def _shrink_run(self, rows: list[int], tokens: list[int], steps: int, kept: int) -> int:
+        b, held, skipped, cap = self.block_size, self.held, self.skipped, self.window_blocks
+        grown = self._growth(tokens, steps)
+        for r, t in zip(rows, tokens, strict=True):
+            held[r] = -(-(t + kept) // b)
+            skipped[r] = max(0, held[r] - cap)  # a decoding request holds the window
+        return sum(grown[kept + 1 :])
+
+    def release(self, req: int) -> None:
+        held, skipped = self.held.pop(req), self.skipped.pop(req)
+        owned = self.owned.pop(req, [])
+        self.empty += held - max(skipped, len(owned))
+        refs, lru = self.refs, self.lru
+        for key in reversed(owned[skipped:]):
+            n = refs[key] - 1
+            refs[key] = n
+            if n == 0:
+                lru[key] = None
+
+    def check(self) -> None:
+        owned = self.owned
+        held_private = sum(
+            held - max(self.skipped[r], len(owned.get(r, []))) for r, held in self.held.items()
+        )
+        cached = len(self.refs)
+        if self.empty < 0 or held_private + cached + self.empty != self.num_blocks:
+            raise RuntimeError(
+                f"KV blocks out of balance: {held_private} private + {cached} cached + "
+                f"{self.empty} empty != {self.num_blocks} (please report it)"
+            )

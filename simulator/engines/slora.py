@@ -45,7 +45,7 @@ from simulator.engines.step_model import (
     Pairs,
     Plan,
     StepModel,
-    beyond_context_limit,
+    all_layers_window,
     check_integers,
     clients_gone,
     decode_step_ends,
@@ -83,12 +83,14 @@ class SLoRAConfig(EngineKnobs):
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): its peak KV need
         exceeds the pool less one reservation, its prompt exceeds the prefill budget, or its
-        context passes the model's sliding window (`beyond_context_limit`)."""
+        context passes the window of a model whose every layer slides (`all_layers_window`)."""
         peak = trace.prompt_len + trace.output_len + 1
         too_big = peak > self.pool_tokens - self.reserve_per_client
         too_long = trace.prompt_len > self.batch_max_tokens
         reason = np.full(len(trace), None, dtype=object)
-        reason[beyond_context_limit(trace, cost)] = "exceeds_sliding_window"
+        window = all_layers_window(cost)  # this engine keeps every token's KV: past the
+        if window is not None:  # window of a model whose every layer slides, it would be wrong
+            reason[trace.prompt_len + trace.output_len - 1 > window] = "exceeds_sliding_window"
         reason[too_long] = "prompt_exceeds_batch_max_tokens"
         reason[too_big] = "kv_pool_too_small"  # checked first
         return reason

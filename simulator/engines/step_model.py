@@ -132,15 +132,11 @@ def decode_step_ends(
     return times
 
 
-def beyond_context_limit(trace: Trace, cost: StepCostModel) -> np.ndarray:
-    """Per request, whether its context (prompt + output - 1 tokens) passes the longest the cost
-    model computes as the engine would (`context_limit`: a model whose every layer slides,
-    beyond its window): refused as "exceeds_sliding_window" rather than simulated wrong."""
-    limit = getattr(cost, "context_limit", None)
-    window = None if limit is None else limit()
-    if window is None:
-        return np.zeros(len(trace), dtype=bool)
-    return trace.prompt_len + trace.output_len - 1 > window
+def all_layers_window(cost: StepCostModel) -> int | None:
+    """The window every layer of the cost model's model attends to (Mistral 7B v0.1, Phi-3
+    4k: `sliding_window` with no full-attention layer), or None."""
+    window = getattr(cost, "all_layers_window", None)
+    return None if window is None else window()
 
 
 Deadlines = list[tuple[float, int]]  # (when its client gives up, request): a heap

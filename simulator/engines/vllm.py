@@ -51,6 +51,7 @@ from simulator.engines.jitter import step_jitter
 from simulator.engines.kv_blocks import (
     BlockPool,
     CPUTier,
+    SlidingBlockPool,
     WindowedBlockPool,
     block_keys,
     kv_token_bytes,
@@ -63,7 +64,7 @@ from simulator.engines.step_model import (
     Pairs,
     Plan,
     StepModel,
-    beyond_context_limit,
+    all_layers_window,
     check_integers,
     clients_gone,
     decode_step_ends,
@@ -176,25 +177,28 @@ class VLLMConfig(EngineKnobs):
     def block_pool(
         self, cost: StepCostModel, cpu: CPUTier | None, computed: list[int]
     ) -> BlockPool:
-        """One replica's pool; a hybrid model's keeps its sliding layers' windows too."""
+        """One replica's pool; a hybrid model's keeps its sliding layers' windows too, and a
+        model whose every layer slides holds a window per request."""
         blocks, caching = self.num_blocks(cost), self.enable_prefix_caching
-        window = self.window(cost)
-        if window is None:
+        window, whole = self.window(cost), all_layers_window(cost)
+        if window is None and whole is None:
             return BlockPool(blocks, self.block_size, caching, cpu)
         if cpu is not None:
             raise ConfigError(
                 "engine.cpu_kv_tokens > 0 (a CPU tier) is not modelled for a model with "
                 "sliding-window layers; set engine.cpu_kv_tokens=0"
             )
+        if whole is not None:
+            return SlidingBlockPool(blocks, self.block_size, caching, whole, computed)
+        assert window is not None
         return WindowedBlockPool(blocks, self.block_size, caching, *window, computed)
 
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): "kv_pool_too_small" if
         its final KV (prompt + output - 1 tokens) needs more blocks than one replica's pool has,
-        "exceeds_max_model_len", without chunked prefill "prompt_exceeds_max_num_batched_tokens",
-        or "exceeds_sliding_window" (`beyond_context_limit`)."""
+        "exceeds_max_model_len", or without chunked prefill
+        "prompt_exceeds_max_num_batched_tokens"."""
         reason = np.full(len(trace), None, dtype=object)
-        reason[beyond_context_limit(trace, cost)] = "exceeds_sliding_window"  # any other overrides
         if not self.enable_chunked_prefill:
             too_long = trace.prompt_len > self.max_num_batched_tokens
             reason[too_long] = "prompt_exceeds_max_num_batched_tokens"
@@ -211,18 +215,24 @@ class VLLMConfig(EngineKnobs):
     ) -> np.ndarray:
         """Per request, the most blocks it may hold alone: its final KV (prompt + output - 1
         tokens) and, for a hybrid model, its windows when decoding and when computing its
-        first prompt chunk and its last (every group holds the whole chunk)."""
+        first prompt chunk and its last (every group holds the whole chunk); for a model whose
+        every layer slides, its window alone, or its chunks'."""
         b = self.block_size
         final = -(-(prompt + output - 1) // b)
-        window = self.window(cost)
-        if window is None:
+        window, whole = self.window(cost), all_layers_window(cost)
+        if window is None and whole is None:
             return final
-        tokens, groups = window
-        cap = window_cap(tokens, b)
         chunk = np.minimum(prompt, self.max_num_batched_tokens)
         if not self.enable_chunked_prefill:
             chunk = prompt
         prompt_blocks, chunk_blocks = -(-prompt // b), -(-chunk // b)
+        if whole is not None:  # its window, decoding or computing its first chunk or its last
+            cap = window_cap(whole, b)
+            last = np.minimum(prompt_blocks, chunk_blocks + cap)
+            return np.maximum(np.minimum(final, cap), np.maximum(chunk_blocks, last))
+        assert window is not None
+        tokens, groups = window
+        cap = window_cap(tokens, b)
         decoding = final + groups * np.minimum(final, cap)
         first = (1 + groups) * chunk_blocks
         last = prompt_blocks + groups * np.minimum(prompt_blocks, chunk_blocks + cap)
@@ -889,7 +899,7 @@ class VLLMReplica:
             left = out[r] - gen[r]
             if left < until_finish:
                 until_finish = left
-        k = self.pool.decode_steps_that_fit(tokens, until_finish)
+        k = self.pool.decode_steps_that_fit(rows, tokens, until_finish)
         if not k:
             return None
         # an arrival it could admit ends the run, unless the runner cuts runs where one comes
