@@ -508,6 +508,26 @@ def test_every_policy_keeps_the_invariants_with_a_sliding_model_and_shared_prefi
     check_invariants(tl, cfg)
 
 
+@pytest.mark.parametrize(
+    "cost, moved",
+    [
+        (ConstantStepCost(prefill=0.05, decode=0.01), 1000),
+        # 63 blocks, a 64-token window holds 5 (ceil(63 / 16) + 1): the last 1000 - 58 x 16
+        # tokens, in each of 2 groups beside the full layers' 1000
+        (WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2), 1000 + 2 * 72),
+        (SlidingEverywhere(prefill=0.05, decode=0.01, window=64), 72),  # the window alone
+    ],
+    ids=["dense", "hybrid", "every-layer-slides"],
+)
+def test_a_handoff_moves_the_kv_the_prefill_replica_holds(cost, moved):
+    cluster = ClusterConfig(
+        prefill_replicas=1, decode_replicas=1, disaggregation={"kv_bytes_per_token": 1024}
+    )
+    tl = simulate(trace([0.0], [1000], [5]), FCFS(), cost, VLLMConfig(pool_tokens=4000), cluster)
+    assert tl.status[0] == COMPLETED
+    assert tl.request_columns["kv_transfer_bytes"][0] == moved * 1024
+
+
 def test_a_sliding_models_decode_step_reads_at_most_its_window():
     mistral = model_from_hf_config(MISTRAL_7B_V01, "mistral")
     full = model_from_hf_config({**MISTRAL_7B_V01, "sliding_window": None}, "mistral")

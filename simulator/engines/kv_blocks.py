@@ -256,6 +256,12 @@ class BlockPool:
         self.held[req] = hit_blocks + new
         self.untrack(req)  # no longer waiting
 
+    def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
+        """The KV a request admitted with `tokens` tokens computed elsewhere (`admit` with
+        `computed`) has moved in, in tokens of this pool's blocks' layers: all but its cache
+        hit's."""
+        return tokens - hit_blocks * self.block_size
+
     def grow(self, req: int, tokens: int) -> bool:
         """Make a running request hold blocks for `tokens` tokens; False (nothing changes) if
         the pool is short."""
@@ -489,6 +495,13 @@ class WindowedBlockPool(BlockPool):
         self._take(window)
         self.window_held[req] = window
 
+    def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
+        """The full layers' KV less the hit, and in every group the window's tokens (window
+        blocks are never cache hits)."""
+        skipped = self.held[req] - min(self.held[req], self.window_blocks)
+        window = tokens - skipped * self.block_size
+        return super().moved_tokens(req, tokens, hit_blocks) + self.groups * window
+
     def grow(self, req: int, tokens: int) -> bool:
         new = max(0, -(-tokens // self.block_size) - self.held[req])
         window = self._step_blocks(self.computed[req], tokens)
@@ -657,6 +670,10 @@ class SlidingBlockPool(BlockPool):
         self._take(new)
         self.held[req] = self.blocks_for(tokens)
         self.untrack(req)
+
+    def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
+        """Only the window's tokens exist to move, less the hit."""
+        return tokens - max(hit_blocks, self.skipped[req]) * self.block_size
 
     def register(self, req: int, keys: list[int], computed: int) -> None:
         if self.skipped.get(req, 0) > len(self.owned.get(req, [])):

@@ -771,7 +771,7 @@ class VLLMReplica:
         self.state.reason[req] = "kv_transfer"
         self.state.replica[req] = self.index
         self.receiving.add(req)
-        self.host.fetch_kv(self.index, req, prompt - hit * self.cfg.block_size, now)
+        self.host.fetch_kv(self.index, req, self.pool.moved_tokens(req, prompt, hit), now)
         return True
 
     def kv_arrived(self, req: int) -> None:
