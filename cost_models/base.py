@@ -66,13 +66,16 @@ def step_shape(
     decode_batch: int,
     decode_context: int,
     window: tuple[int, float] | None = None,
+    chunked: bool = False,
 ) -> tuple[int, float, float]:
     """A mixed step's (tokens, (query, key) pairs, KV tokens read) from its prefill `chunks` of
     (new tokens, tokens already cached) and `decode_batch` decodes attending to
     `decode_context` tokens: a chunk of c after k cached forms c k + c (c + 1) / 2 pairs.
     Pairs and KV count the layers attending to the whole context; with `window` (tokens, r),
     a model's sliding layers, r times as many, add theirs (`windowed_pairs`; a decode reads
-    at most the window: `windowed_decode_step`), in those layers' units."""
+    at most the window: `windowed_decode_step`), in those layers' units; `chunked`, layers
+    attending within consecutive chunks of the window's size instead (`chunked_pairs`; a chunk
+    reads the KV of its first token's chunk, a decode at most a chunk's)."""
     tokens, pairs, kv_read = decode_batch, float(decode_context), float(decode_context)
     for c, k in chunks:
         tokens += c
@@ -81,9 +84,10 @@ def step_shape(
     if window is not None:
         size, ratio = window
         slid = read = float(min(decode_context, decode_batch * size))
+        pairs_of = chunked_pairs if chunked else windowed_pairs
         for c, k in chunks:
-            slid += windowed_pairs(k + c, size) - windowed_pairs(k, size)
-            read += min(k, size)
+            slid += pairs_of(k + c, size) - pairs_of(k, size)
+            read += k % size if chunked else min(k, size)
         pairs += ratio * slid
         kv_read += ratio * (read + tokens)  # (the full layers' new tokens: the caller's)
     return tokens, pairs, kv_read
@@ -111,6 +115,13 @@ def windowed_pairs(position: int, window: int) -> float:
     if position <= window:
         return position * (position + 1) / 2
     return window * (window + 1) / 2 + (position - window) * window
+
+
+def chunked_pairs(position: int, chunk: int) -> float:
+    """(query, key) pairs of the first `position` tokens in a layer where each attends to the
+    tokens of its own `chunk`-token chunk up to itself."""
+    whole, rest = divmod(position, chunk)
+    return whole * (chunk * (chunk + 1) / 2) + rest * (rest + 1) / 2
 
 
 def windowed_decode_step(ctx: Any, batch: int, window: tuple[int, float]) -> tuple[Any, Any]:

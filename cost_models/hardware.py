@@ -45,7 +45,9 @@ class ModelSpec:
     (`kv_window`); their attention is counted per window (`cost_models.base.step_shape`). A
     model whose every layer slides (Mistral 7B v0.1, Phi-3 4k) has `window_all_layers` instead:
     each request keeps at most a window of KV (the engine's `SlidingBlockPool`), and a step
-    reads and attends to at most it (`cost_models.base.slid_step_shape`)."""
+    reads and attends to at most it (`cost_models.base.slid_step_shape`). With
+    `attention_chunked` (Llama 4) the sliding layers attend within consecutive chunks of
+    `sliding_window` tokens instead: a request keeps its current chunk's KV there."""
 
     name: str
     layers: int
@@ -72,6 +74,7 @@ class ModelSpec:
     v_head_dim: int = 0
     sliding_layers: int = 0
     sliding_window: int = 0  # tokens a sliding layer attends to (with sliding_layers > 0)
+    attention_chunked: bool = False  # the sliding layers attend within chunks of that many
     window_all_layers: int = 0  # > 0: every layer attends to only this many last tokens
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
     linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
@@ -125,6 +128,11 @@ class ModelSpec:
             raise CostModelError(
                 f"model {self.name!r}: sliding_layers (some layers slide) and "
                 "window_all_layers (every layer does) exclude each other"
+            )
+        if self.attention_chunked and not self.sliding_layers:
+            raise CostModelError(
+                f"model {self.name!r}: attention_chunked needs sliding_layers > 0 (the layers "
+                "that attend within chunks)"
             )
         if self.sliding_layers and self.sliding_window < 1:
             raise CostModelError(

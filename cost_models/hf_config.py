@@ -10,6 +10,7 @@ DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_
 `qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` (or Gemma's
 `sliding_window_pattern`, or Qwen2's `use_sliding_window`) marks `sliding_attention` and their
 `sliding_window`, which with neither field every layer attends to (Mistral 7B v0.1, Phi-3 4k);
+Llama 4's chunked layers (`attention_chunk_size`, `no_rope_layers`);
 `tie_word_embeddings`; the weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
 `dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the
@@ -189,7 +190,14 @@ def model_from_hf_config(
     dense_first = int(c.get("first_k_dense_replace") or 0) if experts else 0
     latent = int(c.get("kv_lora_rank") or 0)  # DeepSeek's multi-head latent attention
     layers = int(need("num_hidden_layers"))
-    sliding = sum(kind == "sliding_attention" for kind in attention_layers(c, name))
+    kinds = attention_layers(c, name)
+    sliding = sum(kind == "sliding_attention" for kind in kinds)
+    chunked = sum(kind == "chunked_attention" for kind in kinds)
+    if sliding and chunked:
+        raise CostModelError(
+            f"{name}: config.json has both sliding_attention and chunked_attention layers: "
+            "one kind of windowed layer is modelled at a time"
+        )
     every_layer = sliding == layers  # every layer slides: a window over the whole model
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
     if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
@@ -231,8 +239,15 @@ def model_from_hf_config(
         qk_nope_head_dim=int(need("qk_nope_head_dim")) if latent else 0,
         qk_rope_head_dim=int(need("qk_rope_head_dim")) if latent else 0,
         v_head_dim=int(need("v_head_dim")) if latent else 0,
-        sliding_layers=0 if every_layer else sliding,
-        sliding_window=int(need("sliding_window")) if sliding and not every_layer else 0,
+        sliding_layers=chunked or (0 if every_layer else sliding),
+        sliding_window=(
+            int(need("attention_chunk_size"))
+            if chunked
+            else int(need("sliding_window"))
+            if sliding and not every_layer
+            else 0
+        ),
+        attention_chunked=bool(chunked),
         window_all_layers=int(need("sliding_window")) if every_layer else 0,
         expert_bytes=expert_bytes,
     )
@@ -259,7 +274,9 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
 def layer_types(c: dict[str, Any]) -> list[str]:
     """Each layer's attention, as `layer_types` lists it or, in the configs written before
     that field (Gemma 3's), as `sliding_window_pattern` p implies: every p-th layer full, the
-    others sliding. Neither, with a `sliding_window`: every layer slides (Mistral 7B v0.1,
+    others sliding. Neither, with an `attention_chunk_size`: Llama 4's, the layers
+    `no_rope_layers` marks 1 (by default three in four) attending within chunks. With a
+    `sliding_window`: every layer slides (Mistral 7B v0.1,
     Phi-3 4k), or with Qwen2's `use_sliding_window` those from `max_window_layers` on (none
     when it is false, its config class's default). Else every layer attends to the whole
     context."""
@@ -273,6 +290,11 @@ def layer_types(c: dict[str, Any]) -> list[str]:
             "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
             for i in range(every)
         ]
+    chunk = c.get("attention_chunk_size")
+    if chunk is not None:  # Llama 4: the layers using RoPE attend within chunks, the others all
+        interval = int(c.get("no_rope_layer_interval") or 4)
+        rope = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(every)]
+        return ["chunked_attention" if r else "full_attention" for r in rope]
     if c.get("sliding_window") is None or not c.get("use_sliding_window", True):
         return []
     # Qwen2's form: with use_sliding_window, the layers from max_window_layers on slide;
@@ -281,8 +303,7 @@ def layer_types(c: dict[str, Any]) -> list[str]:
     return ["full_attention" if i < first else "sliding_attention" for i in range(every)]
 
 
-# the kinds of layer `layer_types` may name that fairsim models; Llama 4's chunked-attention
-# layers are read as full attention (the same while a context stays within one 8,192-token chunk)
+# the kinds of layer `layer_types` may name that fairsim models
 ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
 # fields of models whose layers are not all attention: state-space (Mamba) and linear-attention
 # layers keep a fixed-size state per request instead of a KV per token (Jamba, Bamba, Zamba 2,
@@ -320,7 +341,7 @@ INTEGER_FIELDS = (
     "head_dim", "num_hidden_layers", "num_key_value_heads", "vocab_size",
     "num_experts_per_tok", "experts_per_token", "q_lora_rank", "qk_nope_head_dim",
     "qk_rope_head_dim", "v_head_dim", "sliding_window", "sliding_window_pattern",
-    "max_window_layers",
+    "max_window_layers", "attention_chunk_size", "no_rope_layer_interval",
 )  # fmt: skip
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")
@@ -348,6 +369,13 @@ def checked_fields(c: dict[str, Any], name: str) -> dict[str, Any]:
         isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)
     ):
         raise CostModelError(f"{where} layer_types: a list of strings")
+    rope = c.get("no_rope_layers")
+    if rope and not (
+        isinstance(rope, list)
+        and all(r in (0, 1) and not isinstance(r, float) for r in rope)
+        and len(rope) == c.get("num_hidden_layers")
+    ):
+        raise CostModelError(f"{where} no_rope_layers: a 0 or 1 for each of num_hidden_layers")
     quant = c.get("quantization_config")
     if quant is None:
         return c

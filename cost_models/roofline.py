@@ -75,6 +75,7 @@ class RooflineCost:
         ratio = m.sliding_layers / m.attention_layers
         object.__setattr__(self, "_window", None if window is None else (window[0], ratio))
         object.__setattr__(self, "_whole", m.window_all_layers or None)  # every layer slides
+        object.__setattr__(self, "_chunked", m.attention_chunked)  # Llama 4's chunked layers
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -171,7 +172,8 @@ class RooflineCost:
         whole = self._whole  # type: ignore[attr-defined]
         if whole is not None:
             return slid_step_shape(chunks, decode_batch, decode_context, whole)
-        return step_shape(chunks, decode_batch, decode_context, self._window)  # type: ignore[attr-defined]
+        window, chunked = self._window, self._chunked  # type: ignore[attr-defined]
+        return step_shape(chunks, decode_batch, decode_context, window, chunked)
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         return self.step_time([(int(p), 0) for p in np.asarray(prompt_lens).tolist()])
@@ -209,6 +211,10 @@ class RooflineCost:
         """The window every layer attends to (Mistral 7B v0.1, Phi-3 4k), or None: the engine
         keeps that much KV per request, and a step reads and attends to at most it."""
         return self.model_spec.window_all_layers or None
+
+    def kv_chunked(self) -> bool:
+        """Whether the windowed layers attend within chunks (`ModelSpec.attention_chunked`)."""
+        return self.model_spec.attention_chunked
 
     def kv_window(self) -> tuple[int, int] | None:
         """The sliding layers' KV as the engine's block pool keeps it (`ModelSpec.kv_window`):

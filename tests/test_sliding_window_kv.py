@@ -16,13 +16,18 @@ from test_vllm_engine import check_invariants, trace
 
 from conftest import random_trace, with_shared_prefixes
 from cost_models import ConstantStepCost, CostModelError, FittedCost, RooflineCost
-from cost_models.base import windowed_pairs
+from cost_models.base import chunked_pairs, step_shape, windowed_pairs
 from cost_models.hf_config import model_from_hf_config
 from policies import DLPM, FCFS, LPM, VTC, Andes
 from simulator.core.errors import ConfigError
 from simulator.core.requests import COMPLETED
 from simulator.engines import ClusterConfig, SLoRAConfig, VLLMConfig, simulate
-from simulator.engines.kv_blocks import SlidingBlockPool, WindowedBlockPool, window_cap
+from simulator.engines.kv_blocks import (
+    ChunkedBlockPool,
+    SlidingBlockPool,
+    WindowedBlockPool,
+    window_cap,
+)
 
 B = 16  # tokens per block
 
@@ -132,13 +137,30 @@ def test_models_with_state_space_or_linear_attention_layers_are_refused_by_name(
         model_from_hf_config({**SMALL, **extra}, "m")
 
 
-def test_chunked_attention_layers_read_as_full_attention():
-    # Llama 4's chunked layers attend within 8,192-token chunks: the same as full attention
-    # while a context stays within one chunk (docs/models.md)
-    kinds = ["chunked_attention"] * 3 + ["full_attention"]
-    m = model_from_hf_config({**SMALL, "layer_types": kinds * 2}, "m")
-    assert m == model_from_hf_config(SMALL, "m")
-    assert m.kv_window() is None
+def test_llama_4s_chunked_layers_read_as_chunked_windows():
+    # meta-llama/Llama-4-Scout's text_config: no layer_types, an empty no_rope_layers, so
+    # transformers' default: every fourth layer attends to everything (NoPE), the other three
+    # within 8,192-token chunks; vLLM groups them as 12 full and 3 groups of 12 chunked layers
+    scout = {
+        "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+        "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048,
+        "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+        "attention_chunk_size": 8192, "no_rope_layers": [], "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    m = model_from_hf_config(scout, "scout")
+    assert (m.sliding_layers, m.attention_chunked, m.kv_window()) == (36, True, (8192, 3))
+    listed = {**scout, "layer_types": (["chunked_attention"] * 3 + ["full_attention"]) * 12}
+    assert model_from_hf_config(listed, "scout") == m
+    assert model_from_hf_config({**scout, "no_rope_layers": [1, 1, 1, 0] * 12}, "scout") == m
+    cost = RooflineCost(model=m, gpu="h100")
+    assert cost.kv_chunked() and cost.kv_window() == (8192, 3)
+    with pytest.raises(CostModelError, match="no_rope_layers"):
+        model_from_hf_config({**scout, "no_rope_layers": [1, 0]}, "scout")
+    kinds = ["chunked_attention", "sliding_attention", "full_attention"]
+    with pytest.raises(CostModelError, match="both sliding_attention and chunked_attention"):
+        model_from_hf_config({**SMALL, "layer_types": kinds + ["full_attention"] * 5,
+                              "sliding_window": 64, "attention_chunk_size": 64}, "m")  # fmt: skip
 
 
 @pytest.mark.parametrize("window", [128, 1024, 4096, 100])
@@ -193,9 +215,11 @@ def test_one_request_holds_vllms_window_blocks_at_every_step(prompt, output, chu
     assert pool.free == pool.num_blocks
 
 
-def decoding_pool(tokens: list[int], blocks: int, window: int, groups: int) -> WindowedBlockPool:
+def decoding_pool(
+    tokens: list[int], blocks: int, window: int, groups: int, kind: type = WindowedBlockPool
+) -> WindowedBlockPool:
     """A pool in which request i decodes from tokens[i] tokens."""
-    pool = WindowedBlockPool(blocks, B, False, window, groups, list(tokens))
+    pool = kind(blocks, B, False, window, groups, list(tokens))
     for r, t in enumerate(tokens):
         pool.admit(r, [], 0, t, 0, computed=t)
     return pool
@@ -205,36 +229,46 @@ def pool_state(pool: WindowedBlockPool) -> tuple:
     return dict(pool.held), dict(pool.window_held), pool.empty, pool.free
 
 
+@pytest.mark.parametrize(
+    "kind, windows",
+    [(WindowedBlockPool, [16, 64, 100, 128]), (ChunkedBlockPool, [16, 64, 128])],
+    ids=["sliding", "chunked"],
+)
 @settings(max_examples=150, deadline=None)
 @given(
     tokens=st.lists(st.integers(1, 300), min_size=1, max_size=8),
     steps=st.integers(1, 200),
     spare=st.integers(0, 40),
-    window=st.sampled_from([16, 64, 100, 128]),
     groups=st.integers(1, 4),
+    data=st.data(),
 )
 def test_a_run_of_decode_steps_takes_the_blocks_stepping_one_by_one_takes(
-    tokens, steps, spare, window, groups
+    kind, windows, tokens, steps, spare, groups, data
 ):
-    start = decoding_pool(tokens, 100_000, window, groups)
+    window = data.draw(st.sampled_from(windows))
+    start = decoding_pool(tokens, 100_000, window, groups, kind)
     blocks = start.used + spare  # a pool that may run out during the run
-    run, one_by_one = (decoding_pool(tokens, blocks, window, groups) for _ in range(2))
+    run, one_by_one = (decoding_pool(tokens, blocks, window, groups, kind) for _ in range(2))
     rows = list(range(len(tokens)))
     k = run.decode_steps_that_fit(rows, tokens, steps)
     in_use, evicted = run.decode(rows, tokens, k)
     assert evicted == []
     computed, stepped = list(tokens), []
-    while len(stepped) < steps and one_by_one.add_token_each(rows, computed):
+    while len(stepped) < k and one_by_one.add_token_each(rows, computed):
         computed = [c + 1 for c in computed]
         stepped.append(one_by_one.used * B)
-    assert len(stepped) == k, "the run is as long as the steps that fit one by one"
+    assert len(stepped) == k
     assert in_use == stepped
     assert pool_state(run) == pool_state(one_by_one)
     run.check()
+    # the run is as long as the steps that fit one by one, or (chunked) stops before a step
+    # starting a chunk, where the window's blocks go back
+    if k < steps and one_by_one.add_token_each(rows, computed):
+        assert kind is ChunkedBlockPool and any(c % window == 0 for c in computed)
     # a run cut after `kept` steps gives back what the steps after took
     if k > 1:
         kept = k // 2
-        short = decoding_pool(tokens, blocks, window, groups)
+        short = decoding_pool(tokens, blocks, window, groups, kind)
         short.decode(rows, tokens, kept)
         run.shorten(rows, tokens, k, kept, [])
         assert pool_state(run) == pool_state(short)
@@ -297,6 +331,78 @@ def test_the_windows_use_memory_a_model_without_them_leaves_free():
     tl = simulate(lone, FCFS(), WindowedConstant(prefill=0.05, decode=0.01, window=64), cfg)
     full = -(-1001 // B) * B  # its full-attention KV tokens at the last decode step
     assert tl.steps["kv_used"][-2] == full + 2 * (-(-63 // B) + 1) * B
+
+
+def vllm_chunk_blocks(computed: int, tokens: int, chunk: int) -> int:
+    """One chunked group's blocks in vLLM once a step computing up to `tokens` tokens from
+    `computed` is allocated: those before the chunk `computed` is in were freed."""
+    return -(-tokens // B) - computed // chunk * (chunk // B)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prompt=st.integers(1, 700),
+    output=st.integers(1, 300),
+    chunk=st.integers(1, 300),
+    window=st.sampled_from([16, 32, 64, 128]),
+    groups=st.integers(1, 4),
+)
+def test_one_request_holds_vllms_chunked_blocks_at_every_step(
+    prompt, output, chunk, window, groups
+):
+    computed = [0]
+    pool = ChunkedBlockPool(100_000, B, False, window, groups, computed)
+    n = min(prompt, chunk)
+    pool.admit(0, [], 0, n, 0)
+    assert pool.window_held[0] == groups * vllm_chunk_blocks(0, n, window)
+    computed[0] = n
+    while computed[0] < prompt:
+        c = computed[0]
+        n = min(prompt - c, chunk)
+        assert pool.grow(0, c + n)
+        assert pool.window_held[0] == groups * vllm_chunk_blocks(c, c + n, window)
+        computed[0] = c + n
+    pool.prefill_done(0)
+    for _ in range(output - 1):
+        c = computed[0]
+        assert pool.add_token_each([0], computed)
+        assert pool.window_held[0] == groups * vllm_chunk_blocks(c, c + 1, window), c
+        computed[0] = c + 1
+    pool.check()
+    pool.release(0)
+    assert pool.free == pool.num_blocks
+
+
+@dataclass(frozen=True)
+class ChunkedConstant(WindowedConstant):
+    """Constant step times, for a model whose windowed layers attend within chunks."""
+
+    def kv_chunked(self) -> bool:
+        return True
+
+
+def test_a_chunk_not_a_whole_number_of_blocks_is_refused_by_name():
+    with pytest.raises(ConfigError, match="engine.block_size=16: a model's attention chunk"):
+        simulate(
+            trace([0.0], [10], [2]),
+            FCFS(),
+            ChunkedConstant(prefill=0.05, decode=0.01, window=100, groups=1),
+            VLLMConfig(pool_tokens=1600),
+        )
+
+
+def test_chunked_pairs_count_each_token_within_its_chunk():
+    for chunk in (1, 7, 64):
+        for position in range(0, 300, 13):
+            one_by_one = sum(p % chunk + 1 for p in range(position))
+            assert chunked_pairs(position, chunk) == one_by_one
+    # a chunk of prompt after 100 cached tokens, chunked layers of 64 (r = 3 of them per full
+    # layer): the full layers' pairs, then 3 x the chunked ones
+    tokens, pairs, read = step_shape([(50, 100)], 0, 0, (64, 3.0), chunked=True)
+    full = 50 * 100 + 50 * 51 / 2
+    chunked = sum(p % 64 + 1 for p in range(100, 150))
+    assert (tokens, pairs) == (50, full + 3 * chunked)
+    assert read == 100 + 3 * (100 % 64 + 50)
 
 
 # mistralai/Mistral-7B-v0.1's config.json (its sizes): every layer slides over 4,096 tokens
@@ -483,14 +589,21 @@ def test_a_sliding_model_within_its_window_runs_as_full_attention_and_past_it_ho
         ),
     ],
 )
-def test_fast_forward_changes_nothing_for_a_model_whose_every_layer_slides(cluster):
-    cost = SlidingEverywhere(prefill=0.05, decode=0.01, window=100)
+@pytest.mark.parametrize(
+    "cost",
+    [
+        SlidingEverywhere(prefill=0.05, decode=0.01, window=100),
+        ChunkedConstant(prefill=0.05, decode=0.01, window=64, groups=3),
+    ],
+    ids=["every-layer-slides", "chunked-layers"],
+)
+def test_fast_forward_changes_nothing_for_windows_that_release_blocks(cluster, cost):
     t = with_shared_prefixes(
         random_trace(3, 80, 3, max_prompt=400, max_output=200, rate=20.0), 3, hash_block=16
     )
     runs = []
     for ff in (True, False):
-        cfg = VLLMConfig(pool_tokens=4000, max_num_batched_tokens=256, fast_forward=ff)
+        cfg = VLLMConfig(pool_tokens=6000, max_num_batched_tokens=256, fast_forward=ff)
         tl = simulate(t, FCFS(), cost, cfg, cluster)
         check_invariants(tl, cfg)
         runs.append((tl.token_times()[2].tolist(), tl.steps["kv_used"].tolist()))

@@ -455,7 +455,12 @@ class WindowedBlockPool(BlockPool):
     ) -> None:
         super().__init__(num_blocks, block_size, caching)
         self.window, self.groups, self.computed = window, groups, computed
-        self.window_blocks = window_cap(window, block_size)
+        self.window_blocks = self.most_blocks(window, block_size)
+
+    @staticmethod
+    def most_blocks(window: int, block_size: int) -> int:
+        """The most blocks a decoding request holds in one group (`window_cap`)."""
+        return window_cap(window, block_size)
 
     def decoding_blocks(self, full_blocks: int) -> int:
         """Window blocks (all groups) of a decoding request holding `full_blocks` blocks."""
@@ -498,7 +503,7 @@ class WindowedBlockPool(BlockPool):
     def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
         """The full layers' KV less the hit, and in every group the window's tokens (window
         blocks are never cache hits)."""
-        skipped = self.held[req] - min(self.held[req], self.window_blocks)
+        skipped = self.held[req] - self.decoding_blocks(self.held[req]) // self.groups
         window = tokens - skipped * self.block_size
         return super().moved_tokens(req, tokens, hit_blocks) + self.groups * window
 
@@ -524,7 +529,11 @@ class WindowedBlockPool(BlockPool):
         for r, g in zip(full, grown, strict=True):
             held[r] += 1
             window_held[r] += g
-        self._take(len(full) + sum(grown))
+        change = len(full) + sum(grown)  # < 0: a chunked window freed more than the step took
+        if change >= 0:
+            self._take(change)  # (any freed before, as vLLM frees before it takes)
+        else:
+            self.empty -= change
         return True
 
     def prefill_done(self, req: int) -> None:
@@ -578,6 +587,60 @@ class WindowedBlockPool(BlockPool):
     def release(self, req: int) -> None:
         super().release(req)
         self.empty += self.window_held.pop(req, 0)
+
+
+class ChunkedBlockPool(WindowedBlockPool):
+    """The block pool of a model with chunked local attention (Llama 4: three layers in four
+    attend only within their own `window`-token chunk of the context): the chunked layers'
+    groups hold, as vLLM's allocator keeps them, the blocks of the chunk a request's computed
+    tokens are in, all freed when it passes into the next chunk. The window is a whole number of
+    blocks. A run of decode steps stops before a step that starts a new chunk for any of its
+    requests (where a window's blocks go back), so within a run each new block takes one in
+    every group."""
+
+    @staticmethod
+    def most_blocks(window: int, block_size: int) -> int:
+        """The blocks of one chunk."""
+        if window % block_size:
+            raise ConfigError(
+                f"engine.block_size={block_size}: a model's attention chunk ({window} tokens) "
+                "must be a whole number of blocks"
+            )
+        return window // block_size
+
+    def decoding_blocks(self, full_blocks: int) -> int:
+        """Window blocks (all groups) of a decoding request holding `full_blocks` blocks: those
+        of its last block's chunk."""
+        return self.groups * ((full_blocks - 1) % self.window_blocks + 1) if full_blocks else 0
+
+    def _step_blocks(self, computed: int, tokens: int) -> int:
+        """Window blocks (all groups) of a request computing up to `tokens` tokens from
+        `computed`: from the first block of the chunk position `computed` is in. With nothing
+        to compute (its KV moved or loaded in), what it holds decoding (vLLM frees the chunk
+        before it at its next step)."""
+        b = self.block_size
+        if computed == tokens:
+            return self.decoding_blocks(-(-tokens // b))
+        return self.groups * (-(-tokens // b) - computed // self.window * self.window_blocks)
+
+    def _growth(self, tokens: list[int], steps: int) -> list[int]:
+        """Blocks requests decoding from `tokens[i]` tokens each take at each of the next
+        `steps` steps, none of which starts a chunk (`decode_steps_that_fit`)."""
+        b, per_block = self.block_size, 1 + self.groups
+        grown = [0] * (steps + 1)
+        for t in tokens:
+            for f in range((-t) % b + 1, steps + 1, b):  # the steps starting a new block
+                grown[f] += per_block
+        return grown
+
+    def decode_steps_that_fit(self, rows: list[int], tokens: list[int], steps: int) -> int:
+        b, chunk = self.block_size, self.window_blocks
+        for t in tokens:
+            blocks = -(-t // b)
+            # the crossing into block `blocks + i` starts a chunk when it is a multiple of chunk
+            first = (-t) % b + 1 + (-blocks) % chunk * b
+            steps = min(steps, first - 1)
+        return super().decode_steps_that_fit(rows, tokens, steps)
 
 
 class SlidingBlockPool(BlockPool):

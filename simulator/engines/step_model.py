@@ -139,6 +139,13 @@ def all_layers_window(cost: StepCostModel) -> int | None:
     return None if window is None else window()
 
 
+def chunked_layers(cost: StepCostModel) -> bool:
+    """Whether the cost model's model's windowed layers attend within chunks of the window
+    (Llama 4's chunked local attention) rather than to a window sliding with each token."""
+    chunked = getattr(cost, "kv_chunked", None)
+    return chunked is not None and chunked()
+
+
 Deadlines = list[tuple[float, int]]  # (when its client gives up, request): a heap
 
 

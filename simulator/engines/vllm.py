@@ -50,6 +50,7 @@ from simulator.engines.fast_forward import MAX_RUN_STEPS, run_length
 from simulator.engines.jitter import step_jitter
 from simulator.engines.kv_blocks import (
     BlockPool,
+    ChunkedBlockPool,
     CPUTier,
     SlidingBlockPool,
     WindowedBlockPool,
@@ -66,6 +67,7 @@ from simulator.engines.step_model import (
     StepModel,
     all_layers_window,
     check_integers,
+    chunked_layers,
     clients_gone,
     decode_step_ends,
     next_deadline,
@@ -191,7 +193,8 @@ class VLLMConfig(EngineKnobs):
         if whole is not None:
             return SlidingBlockPool(blocks, self.block_size, caching, whole, computed)
         assert window is not None
-        return WindowedBlockPool(blocks, self.block_size, caching, *window, computed)
+        kind = ChunkedBlockPool if chunked_layers(cost) else WindowedBlockPool
+        return kind(blocks, self.block_size, caching, *window, computed)
 
     def refusals(self, trace: Trace, cost: StepCostModel) -> np.ndarray:
         """Per request, why the engine can never run it (None: it can): "kv_pool_too_small" if
@@ -232,7 +235,7 @@ class VLLMConfig(EngineKnobs):
             return np.maximum(np.minimum(final, cap), np.maximum(chunk_blocks, last))
         assert window is not None
         tokens, groups = window
-        cap = window_cap(tokens, b)
+        cap = tokens // b if chunked_layers(cost) else window_cap(tokens, b)
         decoding = final + groups * np.minimum(final, cap)
         first = (1 + groups) * chunk_blocks
         last = prompt_blocks + groups * np.minimum(prompt_blocks, chunk_blocks + cap)
