@@ -63,6 +63,24 @@ class WindowedConstant(ConstantStepCost):
         return self.window, self.groups
 
 
+@dataclass(frozen=True)
+class ChunkedConstant(WindowedConstant):
+    """Constant step times, for a model whose windowed layers attend within chunks."""
+
+    def kv_chunked(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class SlidingEverywhere(ConstantStepCost):
+    """Constant step times, for a model whose every layer slides over `window` tokens."""
+
+    window: int = 64
+
+    def all_layers_window(self) -> int:
+        return self.window
+
+
 def test_the_window_groups_follow_vllms_grouping_of_layers():
     # vLLM groups layers in groups as large as the smaller kind: gpt-oss, 18 and 18 (one window
     # group of the full layers' size); Gemma 3 27B, 52 sliding and 10 full (6 window groups)
@@ -300,15 +318,23 @@ def test_fast_forward_changes_nothing_for_a_hybrid_model(cluster):
     assert on.request_columns["preemptions"].sum() > 0, "the pool was tight enough to preempt"
 
 
+@pytest.mark.parametrize(
+    "windows, pool",
+    [("sliding", 5000), ("chunked", 5000), ("every-layer-slides", 2000)],
+)
 @pytest.mark.parametrize("policy", [VTC, LPM, DLPM, Andes])
-def test_every_policy_keeps_the_invariants_with_windows_and_shared_prefixes(policy):
+def test_every_policy_keeps_the_invariants_with_windows_and_shared_prefixes(policy, windows, pool):
     # prefix hits spare the full layers' blocks; preemptions (the policy's or the pool's) give
     # the windows back; stepping one by one gives the same timeline
-    cost = WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2)
+    cost = {
+        "sliding": WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2),
+        "chunked": ChunkedConstant(prefill=0.05, decode=0.01, window=64, groups=2),
+        "every-layer-slides": SlidingEverywhere(prefill=0.05, decode=0.01, window=96),
+    }[windows]
     t = with_shared_prefixes(random_trace(8, 70, 3, max_prompt=500, max_output=150, rate=25.0), 8)
     runs = []
     for ff in (True, False):
-        cfg = VLLMConfig(pool_tokens=5000, max_num_batched_tokens=256, fast_forward=ff)
+        cfg = VLLMConfig(pool_tokens=pool, max_num_batched_tokens=256, fast_forward=ff)
         tl = simulate(t, policy(), cost, cfg)
         check_invariants(tl, cfg)
         runs.append(tl)
@@ -371,14 +397,6 @@ def test_one_request_holds_vllms_chunked_blocks_at_every_step(
     pool.check()
     pool.release(0)
     assert pool.free == pool.num_blocks
-
-
-@dataclass(frozen=True)
-class ChunkedConstant(WindowedConstant):
-    """Constant step times, for a model whose windowed layers attend within chunks."""
-
-    def kv_chunked(self) -> bool:
-        return True
 
 
 def test_a_chunk_not_a_whole_number_of_blocks_is_refused_by_name():
@@ -450,16 +468,6 @@ def test_qwen2_slides_only_the_layers_its_use_sliding_window_names():
     assert (half.sliding_layers, half.kv_window(), half.window_all_layers) == (4, (4096, 1), 0)
     every = model_from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 0}, "q")
     assert (every.sliding_layers, every.window_all_layers) == (0, 4096)
-
-
-@dataclass(frozen=True)
-class SlidingEverywhere(ConstantStepCost):
-    """Constant step times, for a model whose every layer slides over `window` tokens."""
-
-    window: int = 64
-
-    def all_layers_window(self) -> int:
-        return self.window
 
 
 @settings(max_examples=150, deadline=None)
@@ -608,17 +616,6 @@ def test_fast_forward_changes_nothing_for_windows_that_release_blocks(cluster, c
         check_invariants(tl, cfg)
         runs.append((tl.token_times()[2].tolist(), tl.steps["kv_used"].tolist()))
     assert runs[0] == runs[1]
-
-
-@pytest.mark.parametrize("policy", [FCFS, VTC, LPM, DLPM, Andes])
-def test_every_policy_keeps_the_invariants_with_a_sliding_model_and_shared_prefixes(policy):
-    cost = SlidingEverywhere(prefill=0.05, decode=0.01, window=96)
-    t = with_shared_prefixes(
-        random_trace(5, 60, 3, max_prompt=500, max_output=200, rate=8.0), 5, hash_block=16
-    )
-    cfg = VLLMConfig(pool_tokens=3000, max_num_batched_tokens=256)
-    tl = simulate(t, policy(), cost, cfg)
-    check_invariants(tl, cfg)
 
 
 @pytest.mark.parametrize(
