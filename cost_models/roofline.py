@@ -207,6 +207,15 @@ class RooflineCost:
             fixed = self._count_terms(batch_size, batch_size)
         return fixed + attention + self.step_overhead
 
+    def with_full_attention(self) -> RooflineCost:
+        """This cost model with every windowed layer read as full attention: the KV layout of
+        an engine that keeps every token in every layer (vLLM without its hybrid KV cache
+        manager)."""
+        m = self.model_spec
+        full = replace(m, sliding_layers=0, sliding_window=0, attention_chunked=False,
+                       window_all_layers=0)  # fmt: skip
+        return self if full == m else replace(self, model=full)
+
     def all_layers_window(self) -> int | None:
         """The window every layer attends to (Mistral 7B v0.1, Phi-3 4k), or None: the engine
         keeps that much KV per request, and a step reads and attends to at most it."""

@@ -62,6 +62,9 @@ class WindowedConstant(ConstantStepCost):
     def kv_window(self) -> tuple[int, int]:
         return self.window, self.groups
 
+    def with_full_attention(self) -> ConstantStepCost:
+        return ConstantStepCost(self.prefill, self.decode)
+
 
 @dataclass(frozen=True)
 class ChunkedConstant(WindowedConstant):
@@ -79,6 +82,9 @@ class SlidingEverywhere(ConstantStepCost):
 
     def all_layers_window(self) -> int:
         return self.window
+
+    def with_full_attention(self) -> ConstantStepCost:
+        return ConstantStepCost(self.prefill, self.decode)
 
 
 def test_the_window_groups_follow_vllms_grouping_of_layers():
@@ -308,7 +314,12 @@ def test_fast_forward_changes_nothing_for_a_hybrid_model(cluster):
     t = random_trace(3, 80, 3, max_prompt=400, max_output=200, rate=20.0)
     runs = []
     for ff in (True, False):
-        cfg = VLLMConfig(pool_tokens=6000, max_num_batched_tokens=256, fast_forward=ff)
+        cfg = VLLMConfig(
+            pool_tokens=6000,
+            max_num_batched_tokens=256,
+            fast_forward=ff,
+            hybrid_kv_cache_manager=True,  # (disaggregated pools would turn it off)
+        )
         tl = simulate(t, FCFS(), cost, cfg, cluster)
         check_invariants(tl, cfg)
         runs.append(tl)
@@ -611,7 +622,12 @@ def test_fast_forward_changes_nothing_for_windows_that_release_blocks(cluster, c
     )
     runs = []
     for ff in (True, False):
-        cfg = VLLMConfig(pool_tokens=6000, max_num_batched_tokens=256, fast_forward=ff)
+        cfg = VLLMConfig(
+            pool_tokens=6000,
+            max_num_batched_tokens=256,
+            fast_forward=ff,
+            hybrid_kv_cache_manager=True,  # (disaggregated pools would turn it off)
+        )
         tl = simulate(t, FCFS(), cost, cfg, cluster)
         check_invariants(tl, cfg)
         runs.append((tl.token_times()[2].tolist(), tl.steps["kv_used"].tolist()))
@@ -633,9 +649,14 @@ def test_a_handoff_moves_the_kv_the_prefill_replica_holds(cost, moved):
     cluster = ClusterConfig(
         prefill_replicas=1, decode_replicas=1, disaggregation={"kv_bytes_per_token": 1024}
     )
-    tl = simulate(trace([0.0], [1000], [5]), FCFS(), cost, VLLMConfig(pool_tokens=4000), cluster)
+    lone = trace([0.0], [1000], [5])
+    cfg = VLLMConfig(pool_tokens=4000, hybrid_kv_cache_manager=True)
+    tl = simulate(lone, FCFS(), cost, cfg, cluster)
     assert tl.status[0] == COMPLETED
     assert tl.request_columns["kv_transfer_bytes"][0] == moved * 1024
+    # by default the pools' KV connector turns the hybrid manager off: every token moves
+    tl = simulate(lone, FCFS(), cost, VLLMConfig(pool_tokens=4000), cluster)
+    assert tl.request_columns["kv_transfer_bytes"][0] == 1000 * 1024
 
 
 def test_a_sliding_models_decode_step_reads_at_most_its_window():
@@ -672,12 +693,35 @@ def test_a_request_whose_first_chunk_and_windows_never_fit_is_refused():
     assert tl.reason[0] == "kv_pool_too_small" and tl.status[1] == COMPLETED
 
 
-def test_a_cpu_tier_for_a_hybrid_model_is_refused_by_name():
+def test_a_cpu_tier_turns_the_hybrid_kv_cache_manager_off_unless_told_otherwise():
+    # vLLM turns its hybrid manager off with a KV connector: every layer keeps every token, so
+    # the run is the full-attention model's; kept on, a CPU tier is not modelled (refused)
     cost = WindowedConstant(prefill=0.05, decode=0.01)
-    with pytest.raises(ConfigError, match="engine.cpu_kv_tokens"):
-        simulate(
-            trace([0.0], [10], [2]), FCFS(), cost, VLLMConfig(pool_tokens=1600, cpu_kv_tokens=1600)
-        )
+    t = random_trace(2, 40, 2, max_prompt=300, max_output=100, rate=6.0)
+    tier = dict(pool_tokens=1600, cpu_kv_tokens=1600, kv_bytes_per_token=1024)
+    off = simulate(t, FCFS(), cost, VLLMConfig(**tier))
+    full = simulate(t, FCFS(), ConstantStepCost(prefill=0.05, decode=0.01), VLLMConfig(**tier))
+    assert off.token_times()[2].tolist() == full.token_times()[2].tolist()
+    assert off.steps["kv_used"].tolist() == full.steps["kv_used"].tolist()
+    with pytest.raises(ConfigError, match="engine.hybrid_kv_cache_manager=true"):
+        simulate(t, FCFS(), cost, VLLMConfig(**tier, hybrid_kv_cache_manager=True))
+
+
+def test_without_the_hybrid_manager_every_layer_keeps_every_token():
+    gemma = RooflineCost(model=model_from_hf_config(GEMMA_3_27B, "g"), gpu="h100")
+    on = VLLMConfig(gpu_memory_utilization=0.9)
+    off = VLLMConfig(gpu_memory_utilization=0.9, hybrid_kv_cache_manager=False)
+    # the same memory, in blocks of the 10 full layers with the manager, of all 62 without
+    assert off.num_blocks(gemma) == pytest.approx(on.num_blocks(gemma) * 10 / 62, rel=1e-3)
+    assert (on.window(gemma), off.window(gemma)) == ((1024, 6), None)
+    assert off.bytes_per_token(gemma) == 62 / 10 * gemma.model_spec.kv_bytes_per_token
+    # the step times still attend over the windows: the layout alone changes
+    assert gemma.with_full_attention().kv_window() is None
+    assert gemma.with_full_attention().decode_time(8, 8 * 30_000) > gemma.decode_time(8, 8 * 30_000)
+    llama = RooflineCost(model="llama-2-7b", gpu="h100")
+    assert llama.with_full_attention() is llama
+    with pytest.raises(ConfigError, match="engine.hybrid_kv_cache_manager must be true, false"):
+        VLLMConfig(hybrid_kv_cache_manager="yes")
 
 
 def test_gemma_3_holds_several_times_a_dense_models_blocks_per_request():

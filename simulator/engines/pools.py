@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import heapq
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -70,11 +71,20 @@ class DisaggregatedPools:
             with_settings(engine, pd.prefill_engine, "prefill_engine"),
             with_settings(engine, pd.decode_engine, "decode_engine"),
         )
+        # a KV connector joins the pools: vLLM then turns its hybrid KV cache manager off
+        # unless told otherwise (`VLLMConfig.kv_layout`)
+        self.configs = tuple(
+            replace(c, hybrid_kv_cache_manager=False) if c.hybrid_kv_cache_manager is None else c
+            for c in self.configs
+        )
         self.costs = (
             with_settings(cost, pd.prefill_cost_model, "prefill_cost_model"),
             with_settings(cost, pd.decode_cost_model, "decode_cost_model"),
         )
-        sizes = {pd.transfer_bytes_per_token(c) for c in self.costs}
+        sizes = {
+            pd.transfer_bytes_per_token(cfg.kv_layout(c))
+            for cfg, c in zip(self.configs, self.costs, strict=True)
+        }
         if len(sizes) > 1:
             raise ConfigError(
                 "cluster.disaggregation: the two pools' cost models give different KV sizes "

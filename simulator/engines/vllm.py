@@ -104,6 +104,9 @@ class VLLMConfig(EngineKnobs):
     cpu_kv_gbps: float = 25.0  # CPU <-> GPU bandwidth (PCIe), GB/s
     preemption_mode: str = "recompute"  # or swap: to the CPU tier where it fits
     kv_bytes_per_token: int | None = None  # null: the cost model's model
+    # vLLM's hybrid KV cache manager (windowed layers keep only their windows); null: on, but
+    # off with a KV connector (a CPU tier, or disaggregated pools), as vLLM turns it off
+    hybrid_kv_cache_manager: bool | None = None
 
     name = "vllm"
     offered_hooks = (ReplicaAware, Rescheduler)
@@ -131,6 +134,11 @@ class VLLMConfig(EngineKnobs):
         u = self.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1], got {u!r}")
+        hma = self.hybrid_kv_cache_manager
+        if hma is not None and not isinstance(hma, bool):
+            raise ConfigError(
+                f"engine.hybrid_kv_cache_manager must be true, false or null, got {hma!r}"
+            )
         self._check_cpu_tier()
         super().__post_init__()
 
@@ -147,9 +155,23 @@ class VLLMConfig(EngineKnobs):
 
     def bytes_per_token(self, cost: StepCostModel) -> int:
         """KV bytes of one token (all layers): the configured figure, else the cost model's."""
-        return kv_token_bytes(self.kv_bytes_per_token, cost, "engine.kv_bytes_per_token")
+        return kv_token_bytes(
+            self.kv_bytes_per_token, self.kv_layout(cost), "engine.kv_bytes_per_token"
+        )
+
+    def kv_layout(self, cost: StepCostModel) -> StepCostModel:
+        """The cost model whose model lays the KV pool out: with the hybrid KV cache manager
+        off (`hybrid_kv_cache_manager`; null: off with a CPU tier), every windowed layer
+        keeps every token's KV, as a full-attention layer does (vLLM's
+        --disable-hybrid-kv-cache-manager); attention is computed over the windows still."""
+        hma = self.hybrid_kv_cache_manager
+        if hma or (hma is None and not self.cpu_kv_tokens):
+            return cost
+        full = getattr(cost, "with_full_attention", None)
+        return cost if full is None else full()
 
     def num_blocks(self, cost: StepCostModel) -> int:
+        cost = self.kv_layout(cost)
         if self.pool_tokens is not None:
             return int(self.pool_tokens) // self.block_size
         if self.num_gpu_blocks is not None:
@@ -173,7 +195,7 @@ class VLLMConfig(EngineKnobs):
     def window(self, cost: StepCostModel) -> tuple[int, int] | None:
         """The model's sliding-window layers as the pool keeps them (the cost model's
         `kv_window`): (window tokens, window groups), or None."""
-        window = getattr(cost, "kv_window", None)
+        window = getattr(self.kv_layout(cost), "kv_window", None)
         return None if window is None else window()
 
     def block_pool(
@@ -182,13 +204,14 @@ class VLLMConfig(EngineKnobs):
         """One replica's pool; a hybrid model's keeps its sliding layers' windows too, and a
         model whose every layer slides holds a window per request."""
         blocks, caching = self.num_blocks(cost), self.enable_prefix_caching
-        window, whole = self.window(cost), all_layers_window(cost)
+        window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return BlockPool(blocks, self.block_size, caching, cpu)
         if cpu is not None:
             raise ConfigError(
-                "engine.cpu_kv_tokens > 0 (a CPU tier) is not modelled for a model with "
-                "sliding-window layers; set engine.cpu_kv_tokens=0"
+                "engine.cpu_kv_tokens > 0 (a CPU tier) with engine.hybrid_kv_cache_manager=true "
+                "is not modelled for a model with windowed layers (vLLM turns the manager off "
+                "with a KV connector); set it to null or false"
             )
         if whole is not None:
             return SlidingBlockPool(blocks, self.block_size, caching, whole, computed)
@@ -222,7 +245,7 @@ class VLLMConfig(EngineKnobs):
         every layer slides, its window alone, or its chunks'."""
         b = self.block_size
         final = -(-(prompt + output - 1) // b)
-        window, whole = self.window(cost), all_layers_window(cost)
+        window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return final
         chunk = np.minimum(prompt, self.max_num_batched_tokens)
