@@ -11,7 +11,8 @@ DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_
 `sliding_window_pattern`, or Qwen2's `use_sliding_window`) marks `sliding_attention` and their
 `sliding_window`, which with neither field every layer attends to (Mistral 7B v0.1, Phi-3 4k);
 Llama 4's chunked layers (`attention_chunk_size`, `no_rope_layers`);
-`tie_word_embeddings`; the weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
+`tie_word_embeddings`; a two-matrix MLP for the families that have one (`PLAIN_MLP`); the
+weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
 `dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the
 usual ones; a missing field, a quantization not modelled, or layers that are not attention
@@ -232,6 +233,7 @@ def model_from_hf_config(
         expert_intermediate=int(moe_width) if moe_width else None,
         shared_experts=shared,
         moe_layer_step=step,
+        gated_mlp=str(c.get("model_type")) not in PLAIN_MLP,
         tied_embeddings=bool(c.get("tie_word_embeddings", False)),
         dense_layers_first=dense_first,
         kv_lora_rank=latent,
@@ -258,6 +260,11 @@ def model_from_hf_config(
 # to the embedding; Gemma 2 alternates sliding and full layers, Gemma 3 has five sliding layers
 # to a full one, with Gemma 3's vocabulary; the Qwen families slide no layer unless a config
 # sets use_sliding_window.
+# the families whose MLP is two matrices (up, an activation, down) rather than gated (SwiGLU,
+# GeGLU: up, gate and down), as their transformers and vLLM modules build it: StarCoder2,
+# GPT-NeoX (Pythia), Nemotron and Minitron (squared ReLU), Phi-1/2, Persimmon
+PLAIN_MLP = frozenset({"starcoder2", "gpt_neox", "nemotron", "phi", "persimmon"})
+
 MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {"tie_word_embeddings": True},
     **{qwen: {"use_sliding_window": False} for qwen in ("qwen2", "qwen2_moe", "qwen3")},

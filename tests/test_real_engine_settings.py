@@ -131,6 +131,29 @@ def test_deepseek_latent_attention_and_experts_give_the_published_sizes_and_kv_b
         model_from_hf_config({k: v for k, v in DEEPSEEK_V3.items() if k != "v_head_dim"}, "x")
 
 
+def test_families_with_a_two_matrix_mlp_read_with_the_published_size():
+    # EleutherAI/pythia-6.9b's config.json: GPT-NeoX, an up and a down projection (GELU); the
+    # Pythia paper counts 6,857,302,016 parameters (biases and norms, left out here, are 0.03%)
+    pythia = {
+        "model_type": "gpt_neox", "hidden_size": 4096, "intermediate_size": 16384,
+        "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 50432,
+        "tie_word_embeddings": False, "torch_dtype": "float16",
+    }  # fmt: skip
+    m = model_from_hf_config(pythia, "pythia-6.9b")
+    assert not m.gated_mlp and m.params == pytest.approx(6_857_302_016, rel=5e-4)
+    # read as gated (up, gate, down), it had been a third larger: 9.0B
+    assert model_from_hf_config({**pythia, "model_type": "llama"}, "x").params > 8.9e9
+    # bigcode/starcoder2-15b: two matrices too, and every layer slides over 4,096 tokens
+    starcoder2 = {
+        "model_type": "starcoder2", "hidden_size": 6144, "intermediate_size": 24576,
+        "num_attention_heads": 48, "num_key_value_heads": 4, "num_hidden_layers": 40,
+        "vocab_size": 49152, "sliding_window": 4096, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    m = model_from_hf_config(starcoder2, "starcoder2-15b")
+    assert m.params == pytest.approx(16e9, rel=0.01)  # the Hub's safetensors count: 16B
+    assert (m.gated_mlp, m.window_all_layers) == (False, 4096)
+
+
 def test_a_latent_kv_cache_is_whole_on_every_gpu_so_deepseek_v3_needs_h200s(tmp_path):
     path = tmp_path / "DeepSeek-V3" / "config.json"
     path.parent.mkdir()
