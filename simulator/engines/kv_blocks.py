@@ -218,9 +218,10 @@ class BlockPool:
                 self.tracked[req] = n
                 self.match_version += 1
 
-    def _reference(self, req: int, keys: list[int]) -> None:
+    def _reference(self, req: int, keys: list[int], skipped: int = 0) -> None:
+        """`req` holds the cached `keys` (its leading blocks, by position) from `skipped` on."""
         refs, lru = self.refs, self.lru
-        for key in keys:
+        for key in keys[skipped:]:
             n = refs[key]
             if n == 0:
                 del lru[key]
@@ -228,13 +229,19 @@ class BlockPool:
         self.owned[req] = list(keys)
 
     # ---- allocation ---------------------------------------------------------------------
+    def _admission_skip(self, hit_blocks: int, tokens: int, computed: int) -> int:
+        """Leading blocks an admitted request does not hold (`SlidingBlockPool`: those its
+        window has left behind); here none."""
+        return 0
+
     def fits(
         self, keys: list[int], hit_blocks: int, tokens: int, reserve: int, computed: int = -1
     ) -> bool:
         """Whether `admit` would succeed (it changes nothing)."""
-        new = self.blocks_for(tokens) - hit_blocks
+        skipped = self._admission_skip(hit_blocks, tokens, computed)
+        new = self.blocks_for(tokens) - max(hit_blocks, skipped)
         lru = self.lru  # the cached blocks no running request holds
-        reused_free = sum(1 for key in keys[:hit_blocks] if key in lru)
+        reused_free = sum(1 for key in keys[skipped:hit_blocks] if key in lru)
         return new <= self.free - reused_free - reserve
 
     def admit(
@@ -250,10 +257,10 @@ class BlockPool:
         the cache, keeping at least `reserve` blocks free (the caller checked `fits`; `check`
         finds any imbalance). `computed`: tokens whose KV it has once admitted, when more than
         its cache hit (KV loaded or moved in: `WindowedBlockPool` reads it)."""
-        new = self.blocks_for(tokens) - hit_blocks
-        self._reference(req, keys[:hit_blocks])
-        self._take(new)
-        self.held[req] = hit_blocks + new
+        skipped = self._admission_skip(hit_blocks, tokens, computed)
+        self._reference(req, keys[:hit_blocks], skipped)
+        self._take(self.blocks_for(tokens) - max(hit_blocks, skipped))
+        self.held[req] = self.blocks_for(tokens)
         self.untrack(req)  # no longer waiting
 
     def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
@@ -702,20 +709,11 @@ class SlidingBlockPool(BlockPool):
             if n == 0:
                 lru[key] = None
 
-    def _admitted(self, hit_blocks: int, tokens: int, computed: int) -> tuple[int, int]:
-        """(blocks released, blocks taken) of a request admitted with blocks for `tokens`
-        tokens, whose KV it has for its hit or, when given, `computed` tokens."""
+    def _admission_skip(self, hit_blocks: int, tokens: int, computed: int) -> int:
+        """The blocks before the window of a request admitted with blocks for `tokens` tokens,
+        whose KV it has for its hit or, when given, `computed` tokens."""
         c = hit_blocks * self.block_size if computed < 0 else computed
-        blocks = self.blocks_for(tokens)
-        skipped = self._skip_target(c, blocks)
-        return skipped, blocks - max(hit_blocks, skipped)
-
-    def fits(
-        self, keys: list[int], hit_blocks: int, tokens: int, reserve: int, computed: int = -1
-    ) -> bool:
-        skipped, new = self._admitted(hit_blocks, tokens, computed)
-        reused_free = sum(1 for key in keys[skipped:hit_blocks] if key in self.lru)
-        return new <= self.free - reused_free - reserve
+        return self._skip_target(c, self.blocks_for(tokens))
 
     def admit(
         self,
@@ -726,13 +724,8 @@ class SlidingBlockPool(BlockPool):
         reserve: int,
         computed: int = -1,
     ) -> None:
-        skipped, new = self._admitted(hit_blocks, tokens, computed)
-        self._reference(req, keys[skipped:hit_blocks])
-        self.owned[req] = list(keys[:hit_blocks])  # by position; those before `skipped` unheld
-        self.skipped[req] = skipped
-        self._take(new)
-        self.held[req] = self.blocks_for(tokens)
-        self.untrack(req)
+        super().admit(req, keys, hit_blocks, tokens, reserve, computed)
+        self.skipped[req] = self._admission_skip(hit_blocks, tokens, computed)
 
     def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
         """Only the window's tokens exist to move, less the hit."""
