@@ -309,13 +309,23 @@ def test_a_run_of_decode_steps_takes_the_blocks_stepping_one_by_one_takes(
         ),
     ],
 )
-def test_fast_forward_changes_nothing_for_a_hybrid_model(cluster):
-    cost = WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2)
-    t = random_trace(3, 80, 3, max_prompt=400, max_output=200, rate=20.0)
+@pytest.mark.parametrize(
+    "cost, pool",
+    [
+        (WindowedConstant(prefill=0.05, decode=0.01, window=64, groups=2), 4000),
+        (ChunkedConstant(prefill=0.05, decode=0.01, window=64, groups=3), 4000),
+        (SlidingEverywhere(prefill=0.05, decode=0.01, window=100), 1200),
+    ],
+    ids=["sliding-layers", "chunked-layers", "every-layer-slides"],
+)
+def test_fast_forward_changes_nothing_for_a_model_with_windows(cluster, cost, pool):
+    t = with_shared_prefixes(
+        random_trace(3, 80, 3, max_prompt=400, max_output=200, rate=20.0), 3, hash_block=16
+    )
     runs = []
     for ff in (True, False):
         cfg = VLLMConfig(
-            pool_tokens=6000,
+            pool_tokens=pool,
             max_num_batched_tokens=256,
             fast_forward=ff,
             hybrid_kv_cache_manager=True,  # (disaggregated pools would turn it off)
@@ -596,42 +606,6 @@ def test_a_sliding_model_within_its_window_runs_as_full_attention_and_past_it_ho
         trace([0.0], [1000], [10]), FCFS(), SlidingEverywhere(0.05, 0.01, window=64), cfg
     )
     assert lone.steps["kv_used"][-1] == window_cap(64, B) * B
-
-
-@pytest.mark.parametrize(
-    "cluster",
-    [
-        None,
-        ClusterConfig(2, "least_requests"),
-        ClusterConfig(
-            prefill_replicas=1, decode_replicas=1, disaggregation={"kv_bytes_per_token": 1024}
-        ),
-    ],
-)
-@pytest.mark.parametrize(
-    "cost",
-    [
-        SlidingEverywhere(prefill=0.05, decode=0.01, window=100),
-        ChunkedConstant(prefill=0.05, decode=0.01, window=64, groups=3),
-    ],
-    ids=["every-layer-slides", "chunked-layers"],
-)
-def test_fast_forward_changes_nothing_for_windows_that_release_blocks(cluster, cost):
-    t = with_shared_prefixes(
-        random_trace(3, 80, 3, max_prompt=400, max_output=200, rate=20.0), 3, hash_block=16
-    )
-    runs = []
-    for ff in (True, False):
-        cfg = VLLMConfig(
-            pool_tokens=6000,
-            max_num_batched_tokens=256,
-            fast_forward=ff,
-            hybrid_kv_cache_manager=True,  # (disaggregated pools would turn it off)
-        )
-        tl = simulate(t, FCFS(), cost, cfg, cluster)
-        check_invariants(tl, cfg)
-        runs.append((tl.token_times()[2].tolist(), tl.steps["kv_used"].tolist()))
-    assert runs[0] == runs[1]
 
 
 @pytest.mark.parametrize(
