@@ -260,14 +260,11 @@ def model_from_hf_config(
 # to the embedding; Gemma 2 alternates sliding and full layers, Gemma 3 has five sliding layers
 # to a full one, with Gemma 3's vocabulary; the Qwen families slide no layer unless a config
 # sets use_sliding_window.
-# the families whose MLP is two matrices (up, an activation, down) rather than gated (SwiGLU,
-# GeGLU: up, gate and down), as their transformers and vLLM modules build it: StarCoder2,
-# GPT-NeoX (Pythia), Nemotron and Minitron (squared ReLU), Phi-1/2, Persimmon
-PLAIN_MLP = frozenset({"starcoder2", "gpt_neox", "nemotron", "phi", "persimmon"})
-
 MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {"tie_word_embeddings": True},
-    **{qwen: {"use_sliding_window": False} for qwen in ("qwen2", "qwen2_moe", "qwen3")},
+    "qwen2": {"use_sliding_window": False},
+    "qwen2_moe": {"use_sliding_window": False},
+    "qwen3": {"use_sliding_window": False},
     "qwen3_moe": {"use_sliding_window": False},
     "gemma2": {"tie_word_embeddings": True, "sliding_window_pattern": 2},
     "gemma3_text": {
@@ -278,15 +275,20 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# the families whose MLP is two matrices (up, an activation, down) rather than gated (SwiGLU,
+# GeGLU: up, gate and down), as their transformers and vLLM modules build it: StarCoder2,
+# GPT-NeoX (Pythia), Nemotron and Minitron (squared ReLU), Phi-1/2, Persimmon
+PLAIN_MLP = frozenset({"starcoder2", "gpt_neox", "nemotron", "phi", "persimmon"})
+
+
 def layer_types(c: dict[str, Any]) -> list[str]:
     """Each layer's attention, as `layer_types` lists it or, in the configs written before
     that field (Gemma 3's), as `sliding_window_pattern` p implies: every p-th layer full, the
     others sliding. Neither, with an `attention_chunk_size`: Llama 4's, the layers
     `no_rope_layers` marks 1 (by default three in four) attending within chunks. With a
-    `sliding_window`: every layer slides (Mistral 7B v0.1,
-    Phi-3 4k), or with Qwen2's `use_sliding_window` those from `max_window_layers` on (none
-    when it is false, its config class's default). Else every layer attends to the whole
-    context."""
+    `sliding_window`: every layer slides (Mistral 7B v0.1, Phi-3 4k), or with Qwen2's
+    `use_sliding_window` those from `max_window_layers` on (none when it is false, its config
+    class's default). Else every layer attends to the whole context."""
     kinds = c.get("layer_types")
     if kinds is not None:
         return list(kinds)

@@ -67,15 +67,14 @@ class DisaggregatedPools:
             )
         self.runner, self.pd = runner, pd
         self.P, self.D = cluster.prefill_replicas, cluster.decode_replicas
-        self.configs = (
-            with_settings(engine, pd.prefill_engine, "prefill_engine"),
-            with_settings(engine, pd.decode_engine, "decode_engine"),
-        )
         # a KV connector joins the pools: vLLM then turns its hybrid KV cache manager off
         # unless told otherwise (`VLLMConfig.kv_layout`)
         self.configs = tuple(
             replace(c, hybrid_kv_cache_manager=False) if c.hybrid_kv_cache_manager is None else c
-            for c in self.configs
+            for c in (
+                with_settings(engine, pd.prefill_engine, "prefill_engine"),
+                with_settings(engine, pd.decode_engine, "decode_engine"),
+            )
         )
         self.costs = (
             with_settings(cost, pd.prefill_cost_model, "prefill_cost_model"),
