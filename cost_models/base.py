@@ -133,3 +133,38 @@ def windowed_decode_step(ctx: Any, batch: int, window: tuple[int, float]) -> tup
     size, ratio = window
     slid = np.minimum(ctx, batch * size)
     return ctx + ratio * slid, (ctx + ratio * (slid + batch)) + batch
+
+
+Sparse = tuple[int, float, float, float]  # `ModelSpec.sparse_attention`
+
+
+def sparse_step_shape(
+    chunks: Sequence[tuple[int, int]], decode_batch: int, decode_context: int, sparse: Sparse
+) -> tuple[int, float, float]:
+    """`step_shape` of a sparse-attention model (`ModelSpec.sparse_attention`: top-k, the
+    indexer's FLOPs per pair, the latent's and the indexer key's shares of a token's KV), in
+    full attention's units. The indexer scores every cached token for every query: the whole
+    context's pairs and index keys. Attention forms at most top-k pairs a query (a prompt token
+    at position p: min(p, top-k)); a decode reads at most top-k latents
+    (min(context, requests x top-k), exact when every context is on the same side of top-k);
+    a chunk of prompt may pick any cached token, so it reads every cached latent."""
+    topk, indexer_flops, latent_share, key_share = sparse
+    picked = float(min(decode_context, decode_batch * topk))
+    tokens, pairs, every, latents = decode_batch, picked, float(decode_context), picked
+    for c, k in chunks:
+        tokens += c
+        pairs += windowed_pairs(k + c, topk) - windowed_pairs(k, topk)
+        every += c * k + c * (c + 1) / 2
+        latents += k
+    cached = float(decode_context + sum(k for _, k in chunks))
+    return tokens, pairs + indexer_flops * every, latent_share * latents + key_share * cached
+
+
+def sparse_decode_step(ctx: Any, batch: int, sparse: Sparse) -> tuple[Any, Any]:
+    """(pairs, KV tokens read and written) of a decode-only step of `batch` requests attending
+    to `ctx` tokens in all (a number, or an array of steps) on a sparse-attention model: the
+    same operations in the same order as `sparse_step_shape`, so a step timed either way gives
+    the same float."""
+    topk, indexer_flops, latent_share, key_share = sparse
+    picked = np.minimum(ctx, batch * topk)
+    return picked + indexer_flops * ctx, (latent_share * picked + key_share * ctx) + batch

@@ -13,7 +13,8 @@ rates (tp GPUs share every term):
   would let a fit price compute below the datasheet's peak to undo the double count, and
   then predict prefill-heavy steps faster than the GPU can run them);
 - `attention`: the larger of its FLOPs over throughput and its KV bytes over bandwidth (a
-  model's sliding-window layers add their windows' pairs and KV: `step_shape`);
+  model's sliding-window layers add their windows' pairs and KV: `step_shape`; sparse
+  attention counts its indexer's and its top-k's: `sparse_step_shape`);
 - `allreduce`: the tensor-parallel all-reduces' bytes over the link (0 at tp 1);
 - `allreduce_calls`: how many all-reduces (2 per layer at tp > 1): their fixed latency;
 - `requests`: R, the per-request work of the serving loop (sampling, detokenizing, streaming);
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.base import CostModelError, windowed_decode_step
+from cost_models.base import CostModelError, sparse_decode_step, windowed_decode_step
 from cost_models.roofline import RooflineCost
 
 TERMS = ("weights", "matmul", "attention", "allreduce", "allreduce_calls", "requests", "step")
@@ -176,11 +177,15 @@ class FittedCost(RooflineCost):
             ctx = np.minimum(ctx, batch_size * self._whole)  # type: ignore[attr-defined]
         per_pair, per_token = self._attention  # type: ignore[attr-defined]
         beta = self.beta["attention"]  # type: ignore[attr-defined]
-        window = self._window  # type: ignore[attr-defined]
-        if window is None:
+        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
+        if window is None and sparse is None:
             attention = np.maximum(per_pair * ctx, beta * per_token * (ctx + batch_size))
         else:
-            pairs, kv = windowed_decode_step(ctx, batch_size, window)
+            pairs, kv = (
+                windowed_decode_step(ctx, batch_size, window)
+                if window is not None
+                else sparse_decode_step(ctx, batch_size, sparse)
+            )
             attention = np.maximum(per_pair * pairs, beta * per_token * kv)
         return self._count_part(batch_size, batch_size) + attention
 
@@ -188,8 +193,12 @@ class FittedCost(RooflineCost):
         ctx = float(context_tokens)
         if self._whole is not None:  # type: ignore[attr-defined]
             ctx = float(min(context_tokens, batch_size * self._whole))  # type: ignore[attr-defined]
-        window = self._window  # type: ignore[attr-defined]
-        if window is None:
+        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
+        if window is None and sparse is None:
             return self.one_step(batch_size, batch_size, ctx + batch_size, ctx)
-        pairs, kv = windowed_decode_step(ctx, batch_size, window)
+        pairs, kv = (
+            windowed_decode_step(ctx, batch_size, window)
+            if window is not None
+            else sparse_decode_step(ctx, batch_size, sparse)
+        )
         return self.one_step(batch_size, batch_size, float(kv), float(pairs))

@@ -17,6 +17,8 @@ from cost_models.base import CostModelError
 
 GIB = 1024**3
 COMPUTE_FORMATS = ("16-bit", "fp8", "int8")
+# vLLM's caches of a sparse-attention model store fp8 values with one fp32 scale per this many
+INDEX_QUANT_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,13 @@ class ModelSpec:
     each request keeps at most a window of KV (the engine's `SlidingBlockPool`), and a step
     reads and attends to at most it (`cost_models.base.slid_step_shape`). With
     `attention_chunked` (Llama 4) the sliding layers attend within consecutive chunks of
-    `sliding_window` tokens instead: a request keeps its current chunk's KV there."""
+    `sliding_window` tokens instead: a request keeps its current chunk's KV there.
+    DeepSeek's sparse attention (DeepSeek-V3.2, GLM-5: `index_topk` > 0, on latent attention)
+    adds to every layer an indexer of `index_heads` heads of `index_head_dim` that scores every
+    cached token for each query; attention then reads only the `index_topk` best. Every token's
+    KV is kept (the latent and the indexer's fp8 key), so the pool holds what full attention's
+    would, a little more; a step forms the indexer's pairs over the whole context and
+    attention's over at most `index_topk` keys a query (`sparse_attention`)."""
 
     name: str
     layers: int
@@ -76,6 +84,9 @@ class ModelSpec:
     sliding_window: int = 0  # tokens a sliding layer attends to (with sliding_layers > 0)
     attention_chunked: bool = False  # the sliding layers attend within chunks of that many
     window_all_layers: int = 0  # > 0: every layer attends to only this many last tokens
+    index_topk: int = 0  # > 0: sparse attention, each query reading this many keys at most
+    index_heads: int = 0  # the sparse-attention indexer's heads
+    index_head_dim: int = 0  # and their width (its cached key's too)
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
     linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
     compute: str = "16-bit"  # the matrix products' format: one of COMPUTE_FORMATS
@@ -114,6 +125,9 @@ class ModelSpec:
             "kv_lora_rank",
             "sliding_window",
             "window_all_layers",
+            "index_topk",
+            "index_heads",
+            "index_head_dim",
         )
         for key in keys:
             v = getattr(self, key)
@@ -144,6 +158,16 @@ class ModelSpec:
             raise CostModelError(
                 f"model {self.name!r}: compute={self.compute!r}; accepted: "
                 f"{', '.join(COMPUTE_FORMATS)}"
+            )
+        if self.index_topk and not (self.latent and self.index_heads and self.index_head_dim):
+            raise CostModelError(
+                f"model {self.name!r}: sparse attention (index_topk) is modelled on latent "
+                "attention (kv_lora_rank >= 1), with index_heads and index_head_dim >= 1"
+            )
+        if self.index_topk and (self.sliding_layers or self.window_all_layers):
+            raise CostModelError(
+                f"model {self.name!r}: sparse attention (index_topk) and sliding windows "
+                "exclude each other"
             )
         if self.kv_lora_rank and not (self.qk_rope_head_dim > 0 and self.v_head_dim > 0):
             raise CostModelError(
@@ -176,7 +200,11 @@ class ModelSpec:
             q = q_rank * (self.hidden + heads * qk) if q_rank else self.hidden * heads * qk
             kv_down = self.hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
             kv_up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
-            return q + kv_down + kv_up + heads * self.v_head_dim * self.hidden
+            indexer = 0
+            if self.index_topk:  # its query (from the query latent), key and head weights
+                h, d = self.index_heads, self.index_head_dim
+                indexer = (q_rank or self.hidden) * h * d + self.hidden * (d + h)
+            return q + kv_down + kv_up + heads * self.v_head_dim * self.hidden + indexer
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
         return self.hidden * (q + 2 * kv) + q * self.hidden
@@ -276,11 +304,46 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one token over every layer attending to the whole context (with
-        latent attention: its latent and rotary key)."""
+        latent attention: its latent and rotary key; with sparse attention, also the
+        indexer's key)."""
+        if self.index_topk:
+            return self.attention_layers * (self._latent_bytes + self._index_key_bytes)
         if self.latent:
             width = self.kv_lora_rank + self.qk_rope_head_dim
             return self.attention_layers * width * self.kv_dtype_bytes
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    @property
+    def _latent_bytes(self) -> int:
+        """A sparse-attention model's latent and rotary key of one token in one layer: in 8
+        bits, vLLM's layout for these models (the latent in fp8 with an fp32 scale per 128
+        values, the rotary key kept 16-bit: 656 bytes for DeepSeek-V3.2), else 16 bits."""
+        rank, rope = self.kv_lora_rank, self.qk_rope_head_dim
+        if self.kv_dtype_bytes == 1:
+            return rank + 4 * -(-rank // INDEX_QUANT_BLOCK) + 2 * rope
+        return (rank + rope) * self.kv_dtype_bytes
+
+    @property
+    def _index_key_bytes(self) -> int:
+        """The indexer's cached key of one token in one layer: fp8 with fp32 scales."""
+        return self.index_head_dim + 4 * -(-self.index_head_dim // INDEX_QUANT_BLOCK)
+
+    def sparse_attention(self) -> tuple[int, float, float, float] | None:
+        """How a sparse-attention step is counted in the units of its full attention's (a
+        (query, key) pair of `pair_flops`, one token's whole KV): (index_topk, the indexer's
+        FLOPs per pair over attention's, the latent's share of a token's KV bytes, the
+        indexer key's share); None without sparse attention (`cost_models.base`,
+        `sparse_step_shape`)."""
+        if not self.index_topk:
+            return None
+        indexer = 2 * self.index_heads * self.index_head_dim  # each index head's dot product
+        latent, key = self._latent_bytes, self._index_key_bytes
+        return (
+            self.index_topk,
+            indexer / self.pair_flops,
+            latent / (latent + key),
+            key / (latent + key),
+        )
 
     def kv_window(self) -> tuple[int, int] | None:
         """How vLLM's hybrid allocator keeps the sliding layers' KV, in blocks of the full

@@ -7,7 +7,8 @@ width; experts (`num_local_experts` / `num_experts` / `n_routed_experts`), exper
 the expert MLP width (`moe_intermediate_size`), shared experts, Llama 4's interleaving and
 DeepSeek's leading dense layers (`first_k_dense_replace`) for the weights a step reads;
 DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_head_dim`,
-`qk_rope_head_dim` and `v_head_dim`); the layers `layer_types` (or Gemma's
+`qk_rope_head_dim` and `v_head_dim`) and sparse attention (DeepSeek-V3.2, GLM-5: `index_topk`,
+`index_n_heads`, `index_head_dim`); the layers `layer_types` (or Gemma's
 `sliding_window_pattern`, or Qwen2's `use_sliding_window`) marks `sliding_attention` and their
 `sliding_window`, which with neither field every layer attends to (Mistral 7B v0.1, Phi-3 4k);
 Llama 4's chunked layers (`attention_chunk_size`, `no_rope_layers`);
@@ -190,6 +191,7 @@ def model_from_hf_config(
         step = int(c["moe_layer_freq"])
     dense_first = int(c.get("first_k_dense_replace") or 0) if experts else 0
     latent = int(c.get("kv_lora_rank") or 0)  # DeepSeek's multi-head latent attention
+    topk = int(c.get("index_topk") or 0)  # DeepSeek's sparse attention
     layers = int(need("num_hidden_layers"))
     kinds = attention_layers(c, name)
     sliding = sum(kind == "sliding_attention" for kind in kinds)
@@ -241,6 +243,9 @@ def model_from_hf_config(
         qk_nope_head_dim=int(need("qk_nope_head_dim")) if latent else 0,
         qk_rope_head_dim=int(need("qk_rope_head_dim")) if latent else 0,
         v_head_dim=int(need("v_head_dim")) if latent else 0,
+        index_topk=topk,
+        index_heads=int(need("index_n_heads")) if topk else 0,
+        index_head_dim=int(need("index_head_dim")) if topk else 0,
         sliding_layers=chunked or (0 if every_layer else sliding),
         sliding_window=(
             int(need("attention_chunk_size"))
@@ -350,7 +355,8 @@ INTEGER_FIELDS = (
     "head_dim", "num_hidden_layers", "num_key_value_heads", "vocab_size",
     "num_experts_per_tok", "experts_per_token", "q_lora_rank", "qk_nope_head_dim",
     "qk_rope_head_dim", "v_head_dim", "sliding_window", "sliding_window_pattern",
-    "max_window_layers", "attention_chunk_size", "no_rope_layer_interval",
+    "max_window_layers", "attention_chunk_size", "no_rope_layer_interval", "index_topk",
+    "index_n_heads", "index_head_dim",
 )  # fmt: skip
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")

@@ -20,7 +20,8 @@ bits); `kv_cache_dtype` is vLLM's (auto: 16-bit; fp8: a byte).
 A mixture-of-experts step reads the experts its tokens route to (in expectation under uniform
 routing) and computes with the active ones.
 A prefill chunk of c new tokens after k cached ones forms c * k + c (c + 1) / 2 pairs; a decode
-token with context L forms L pairs.
+token with context L forms L pairs. Sparse attention (DeepSeek-V3.2, GLM-5) forms at most top-k
+pairs a query and adds its indexer's over the whole context (`cost_models.base.sparse_step_shape`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.base import CostModelError, slid_step_shape, step_shape, windowed_decode_step
+from cost_models.base import (
+    CostModelError,
+    slid_step_shape,
+    sparse_decode_step,
+    sparse_step_shape,
+    step_shape,
+    windowed_decode_step,
+)
 from cost_models.hardware import GIB, GPUSpec, ModelSpec, gpu_spec, model_spec
 from cost_models.hf_config import model_from_path, weight_format
 
@@ -76,6 +84,7 @@ class RooflineCost:
         object.__setattr__(self, "_window", None if window is None else (window[0], ratio))
         object.__setattr__(self, "_whole", m.window_all_layers or None)  # every layer slides
         object.__setattr__(self, "_chunked", m.attention_chunked)  # Llama 4's chunked layers
+        object.__setattr__(self, "_sparse", m.sparse_attention())  # DeepSeek's sparse attention
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -169,9 +178,11 @@ class RooflineCost:
         self, chunks: Sequence[tuple[int, int]], decode_batch: int, decode_context: int
     ) -> tuple[int, float, float]:
         """A step's (tokens, pairs, KV read), with the model's windows (`step_shape`)."""
-        whole = self._whole  # type: ignore[attr-defined]
+        whole, sparse = self._whole, self._sparse  # type: ignore[attr-defined]
         if whole is not None:
             return slid_step_shape(chunks, decode_batch, decode_context, whole)
+        if sparse is not None:
+            return sparse_step_shape(chunks, decode_batch, decode_context, sparse)
         window, chunked = self._window, self._chunked  # type: ignore[attr-defined]
         return step_shape(chunks, decode_batch, decode_context, window, chunked)
 
@@ -183,11 +194,15 @@ class RooflineCost:
         if self._whole is not None:  # type: ignore[attr-defined]
             ctx = np.minimum(ctx, batch_size * self._whole)  # type: ignore[attr-defined]
         per_pair, per_token = self._attention_rates()
-        window = self._window  # type: ignore[attr-defined]
-        if window is None:
+        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
+        if window is None and sparse is None:
             attention = np.maximum(per_pair * ctx, per_token * (ctx + batch_size))
         else:
-            pairs, kv = windowed_decode_step(ctx, batch_size, window)
+            pairs, kv = (
+                windowed_decode_step(ctx, batch_size, window)
+                if window is not None
+                else sparse_decode_step(ctx, batch_size, sparse)
+            )
             attention = np.maximum(per_pair * pairs, per_token * kv)
         return self._count_terms(batch_size, batch_size) + attention + self.step_overhead
 
@@ -196,11 +211,15 @@ class RooflineCost:
         if self._whole is not None:  # type: ignore[attr-defined]
             ctx = float(min(context_tokens, batch_size * self._whole))  # type: ignore[attr-defined]
         per_pair, per_token = self._rates  # type: ignore[attr-defined]
-        window = self._window  # type: ignore[attr-defined]
-        if window is None:
+        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
+        if window is None and sparse is None:
             attention = max(per_pair * ctx, per_token * (ctx + batch_size))
         else:
-            pairs, kv = windowed_decode_step(ctx, batch_size, window)
+            pairs, kv = (
+                windowed_decode_step(ctx, batch_size, window)
+                if window is not None
+                else sparse_decode_step(ctx, batch_size, sparse)
+            )
             attention = max(per_pair * pairs, per_token * kv)
         fixed = self._terms.get((batch_size, batch_size))  # type: ignore[attr-defined]
         if fixed is None:
@@ -286,7 +305,8 @@ def resolve_model(model: str | ModelSpec, dtype: str | None) -> ModelSpec:
     return spec
 
 
-# vLLM's kv_cache_dtype values, as bytes per cached value (auto: the model's own)
+# vLLM's kv_cache_dtype values, as bytes per cached value (auto: the model's own, but 8 bits for
+# a sparse-attention model, as vLLM chooses; bfloat16 keeps its latent 16-bit)
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
@@ -297,4 +317,6 @@ def with_kv_cache_dtype(spec: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
             f"cost_model.kv_cache_dtype={kv_cache_dtype!r}: accepted: {', '.join(KV_CACHE_DTYPES)}"
         )
     width = KV_CACHE_DTYPES[kv_cache_dtype]
+    if width is None and spec.index_topk:
+        width = 1  # vLLM's default for sparse-attention models: its 8-bit layout
     return spec if width is None else replace(spec, kv_dtype_bytes=width)

@@ -305,7 +305,8 @@ FIELD_VALUES = st.one_of(
 )  # fmt: skip
 FIELDS = [*LLAMA_3_1_70B, "head_dim", "num_local_experts", "num_experts_per_tok",
           "moe_intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
-          "first_k_dense_replace", "layer_types", "quantization_config", "text_config"]  # fmt: skip
+          "first_k_dense_replace", "layer_types", "quantization_config", "text_config",
+          "index_topk", "index_n_heads", "index_head_dim"]  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
