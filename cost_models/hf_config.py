@@ -321,17 +321,30 @@ def layer_types(c: dict[str, Any]) -> list[str]:
 ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
 # fields of models whose layers are not all attention: state-space (Mamba) and linear-attention
 # layers keep a fixed-size state per request instead of a KV per token (Jamba, Bamba, Zamba 2,
-# Nemotron-H, Falcon-H1, MiniMax's lightning attention, Qwen3-Next's gated DeltaNet)
+# Nemotron-H, Falcon-H1, MiniMax's lightning attention, Qwen3-Next's gated DeltaNet, Kimi Linear)
 RECURRENT_FIELDS = (
     "mamba_d_state", "ssm_state_size", "hybrid_override_pattern", "layers_block_type",
     "attn_layer_period", "attn_layer_indices", "attn_type_list", "linear_num_value_heads",
+    "linear_attn_config",
 )  # fmt: skip
+
+
+# fields of attention that fairsim does not model, each of which changes what a layer caches
+# or reads: read as plain attention, the pool and the step times would be wrong without a word
+UNMODELLED_ATTENTION = {
+    "compress_ratios": "compressed attention (DeepSeek-V4)",
+    "sparse_attention_config": "sparse attention on grouped-query heads (MiniMax-M3)",
+    "num_global_key_value_heads": "full layers shaped unlike the sliding ones (Gemma 4)",
+    "global_head_dim": "full layers shaped unlike the sliding ones (Gemma 4)",
+    "num_kv_shared_layers": "layers reusing an earlier layer's KV (Gemma 3n)",
+}
 
 
 def attention_layers(c: dict[str, Any], name: str) -> list[str]:
     """`layer_types` of a model whose every layer is attention that fairsim models: a model
-    with state-space or linear-attention layers is a one-line error rather than a KV pool and
-    step times computed as if every layer kept a KV per token."""
+    with state-space or linear-attention layers, or an attention variant fairsim does not model
+    (`UNMODELLED_ATTENTION`), is a one-line error rather than a KV pool and step times computed
+    as if every layer kept a plain KV per token."""
     not_modelled = (
         "fairsim models attention layers only (accepted layer_types: "
         f"{', '.join(ATTENTION_KINDS)}); state-space and linear-attention layers are not modelled"
@@ -339,6 +352,15 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
     for key in RECURRENT_FIELDS:
         if c.get(key) is not None:
             raise CostModelError(f"{name}: config.json has {key}: {not_modelled}")
+    for key, what in UNMODELLED_ATTENTION.items():
+        value = c.get(key)
+        if isinstance(value, dict):  # (MiniMax-M3 may switch its sparse attention off)
+            value = value and value.get("use_sparse_attention", True)
+        if value not in (None, 0, False, {}, []):
+            raise CostModelError(
+                f"{name}: config.json has {key}: {what} is not modelled; fairsim models full, "
+                "sliding-window, chunked, latent and DeepSeek-V3.2's sparse attention"
+            )
     kinds = layer_types(c)
     other = sorted(set(kinds) - set(ATTENTION_KINDS))
     if other:

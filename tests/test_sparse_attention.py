@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_real_engine_settings import DEEPSEEK_V3
+from test_real_engine_settings import DEEPSEEK_V3, LLAMA_3_1_70B
 from test_vllm_engine import check_invariants
 
 from conftest import random_trace
@@ -158,3 +158,37 @@ def test_a_long_context_workload_finishes_sooner_with_sparse_attention():
     ]  # every request completes in both
     assert (sparse.status == 0).all() and (dense.status == 0).all()
     assert e2e[0] < 0.8 * e2e[1]
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        # DeepSeek-V4: compressed attention over a sliding window, with an indexer
+        (
+            {"compress_ratios": [4] * 40 + [128] * 40, "sliding_window": 128, "index_topk": 512},
+            "compress_ratios: compressed attention",
+        ),
+        # MiniMax-M3: an indexer on grouped-query heads in some layers
+        (
+            {"sparse_attention_config": {"use_sparse_attention": True, "sparse_index_dim": 64}},
+            "sparse_attention_config: sparse attention on grouped-query heads",
+        ),
+        # Gemma 4: its full layers' KV heads and width differ from the sliding layers'
+        ({"num_global_key_value_heads": 2}, "num_global_key_value_heads: full layers shaped"),
+        ({"global_head_dim": 512}, "global_head_dim: full layers shaped"),
+        # Gemma 3n: the last layers reuse earlier layers' KV
+        ({"num_kv_shared_layers": 10}, "num_kv_shared_layers: layers reusing"),
+        # Kimi Linear: linear-attention layers
+        ({"linear_attn_config": {"kda_layers": [1, 2, 3]}}, "linear_attn_config"),
+    ],
+    ids=["deepseek-v4", "minimax-m3", "gemma-4-heads", "gemma-4-width", "gemma-3n", "kimi-linear"],
+)
+def test_attention_fairsim_does_not_model_is_an_error_naming_the_field(extra, named):
+    """Each field changes what a layer caches or reads: read as plain attention, the pool and
+    the step times would be wrong without a word."""
+    with pytest.raises(CostModelError, match=f"^m: config.json has {named}"):
+        model_from_hf_config({**LLAMA_3_1_70B, **extra}, "m")
+    # switched off, the same fields change nothing
+    plain = model_from_hf_config(LLAMA_3_1_70B, "m")
+    off = {"sparse_attention_config": {"use_sparse_attention": False}, "num_kv_shared_layers": 0}
+    assert model_from_hf_config({**LLAMA_3_1_70B, **off}, "m") == plain
