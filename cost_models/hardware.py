@@ -360,9 +360,11 @@ class ModelSpec:
         return self.sliding_window, -(-self.sliding_layers // full)
 
     def kv_copies(self, tp: int) -> int:
-        """Copies of each token's KV over `tp` tensor-parallel GPUs: one, split by heads; with
-        latent attention, one on every GPU (the latent is shared by the heads)."""
-        return tp if self.latent else 1
+        """Copies of each token's KV over `tp` tensor-parallel GPUs: one, split by heads, while
+        there are at least as many KV heads as GPUs; with fewer, vLLM gives every GPU one KV
+        head, so each is kept tp / kv_heads times (Qwen3-30B-A3B's 4 over 8 GPUs: twice);
+        with latent attention, one on every GPU (the latent is shared by the heads)."""
+        return tp if self.latent else max(1, tp // self.kv_heads)
 
     def kv_bytes_over(self, tp: int) -> int:
         """KV bytes of one token over `tp` tensor-parallel GPUs together (`kv_copies` of it)."""

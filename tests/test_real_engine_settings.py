@@ -175,6 +175,19 @@ def test_a_latent_kv_cache_is_whole_on_every_gpu_so_deepseek_v3_needs_h200s(tmp_
     assert spec.kv_bytes_over(8) == spec.kv_bytes_per_token  # split by heads: one copy
 
 
+def test_fewer_kv_heads_than_gpus_give_every_gpu_one_head_as_vllm_does():
+    # Qwen3-30B-A3B: 48 layers of 4 KV heads of 128. Over 4 GPUs each holds one head; over 8
+    # vLLM still gives each GPU one (every head twice), so a GPU holds as much KV per token
+    m = MODELS["qwen3-30b-a3b"]
+    one_head = 2 * 48 * 1 * 128 * 2  # keys and values, 16-bit, in every layer
+    assert (m.kv_heads, m.kv_copies(4), m.kv_copies(8)) == (4, 1, 2)
+    assert m.kv_bytes_over(4) / 4 == m.kv_bytes_over(8) / 8 == one_head
+    four, eight = (RooflineCost(model=m, gpu="h100", tp=tp) for tp in (4, 8))
+    # the weights per GPU halve, the KV per token per GPU does not: fewer than twice the tokens
+    assert four.kv_capacity_tokens(0.9) < eight.kv_capacity_tokens(0.9)
+    assert eight.kv_capacity_tokens(0.9) < 1.2 * four.kv_capacity_tokens(0.9)
+
+
 def test_gpt_oss_keeps_its_mxfp4_experts_narrow_and_its_window_layers_out_of_the_kv():
     m = model_from_hf_config(GPT_OSS_120B, "gpt-oss-120b")
     # OpenAI's model card: 116.8B parameters, 5.1B active, runs within 80 GB of memory
