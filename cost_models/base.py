@@ -168,3 +168,11 @@ def sparse_decode_step(ctx: Any, batch: int, sparse: Sparse) -> tuple[Any, Any]:
     topk, indexer_flops, latent_share, key_share = sparse
     picked = np.minimum(ctx, batch * topk)
     return picked + indexer_flops * ctx, (latent_share * picked + key_share * ctx) + batch
+
+
+def state_decode_step(ctx: Any, batch: int, state: float) -> tuple[Any, Any]:
+    """(pairs, KV tokens read and written) of a decode-only step of `batch` requests attending
+    to `ctx` tokens in all, on a model whose recurrent layers read and write each request's
+    state, `state` tokens' worth of KV bytes: the operations `RooflineCost._shape` does, in
+    its order."""
+    return ctx, (ctx + batch * state) + batch

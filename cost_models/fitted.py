@@ -14,7 +14,8 @@ rates (tp GPUs share every term):
   then predict prefill-heavy steps faster than the GPU can run them);
 - `attention`: the larger of its FLOPs over throughput and its KV bytes over bandwidth (a
   model's sliding-window layers add their windows' pairs and KV: `step_shape`; sparse
-  attention counts its indexer's and its top-k's: `sparse_step_shape`);
+  attention counts its indexer's and its top-k's: `sparse_step_shape`; recurrent layers add
+  every request's state, read and written);
 - `allreduce`: the tensor-parallel all-reduces' bytes over the link (0 at tp 1);
 - `allreduce_calls`: how many all-reduces (2 per layer at tp > 1): their fixed latency;
 - `requests`: R, the per-request work of the serving loop (sampling, detokenizing, streaming);
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.base import CostModelError, sparse_decode_step, windowed_decode_step
+from cost_models.base import CostModelError
 from cost_models.roofline import RooflineCost
 
 TERMS = ("weights", "matmul", "attention", "allreduce", "allreduce_calls", "requests", "step")
@@ -124,6 +125,8 @@ class FittedCost(RooflineCost):
         head = m.vocab * m.hidden
         weights = (m.layer_bytes_read(t) + head * m.dtype_bytes) / bw
         flops = 2.0 * m.layer_params * m.layers * t + 2.0 * head * r
+        if m.recurrent_layers:  # the recurrent layers' state updates beyond their projections
+            flops = flops + m.recurrent_token_flops * t
         beyond = np.maximum(flops / peak - weights, 0.0)  # compute not hidden under the reads
         attention = np.maximum(
             float(m.attention_pair_flops) * np.asarray(pairs, dtype=np.float64) / peak,
@@ -177,15 +180,11 @@ class FittedCost(RooflineCost):
             ctx = np.minimum(ctx, batch_size * self._whole)  # type: ignore[attr-defined]
         per_pair, per_token = self._attention  # type: ignore[attr-defined]
         beta = self.beta["attention"]  # type: ignore[attr-defined]
-        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
-        if window is None and sparse is None:
+        shape = self._decode_shape  # type: ignore[attr-defined]
+        if shape is None:
             attention = np.maximum(per_pair * ctx, beta * per_token * (ctx + batch_size))
         else:
-            pairs, kv = (
-                windowed_decode_step(ctx, batch_size, window)
-                if window is not None
-                else sparse_decode_step(ctx, batch_size, sparse)
-            )
+            pairs, kv = shape(ctx, batch_size)
             attention = np.maximum(per_pair * pairs, beta * per_token * kv)
         return self._count_part(batch_size, batch_size) + attention
 
@@ -193,12 +192,8 @@ class FittedCost(RooflineCost):
         ctx = float(context_tokens)
         if self._whole is not None:  # type: ignore[attr-defined]
             ctx = float(min(context_tokens, batch_size * self._whole))  # type: ignore[attr-defined]
-        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
-        if window is None and sparse is None:
+        shape = self._decode_shape  # type: ignore[attr-defined]
+        if shape is None:
             return self.one_step(batch_size, batch_size, ctx + batch_size, ctx)
-        pairs, kv = (
-            windowed_decode_step(ctx, batch_size, window)
-            if window is not None
-            else sparse_decode_step(ctx, batch_size, sparse)
-        )
+        pairs, kv = shape(ctx, batch_size)
         return self.one_step(batch_size, batch_size, float(kv), float(pairs))

@@ -55,7 +55,14 @@ class ModelSpec:
     cached token for each query; attention then reads only the `index_topk` best. Every token's
     KV is kept (the latent and the indexer's fp8 key), so the pool holds what full attention's
     would, a little more; a step forms the indexer's pairs over the whole context and
-    attention's over at most `index_topk` keys a query (`sparse_attention`)."""
+    attention's over at most `index_topk` keys a query (`sparse_attention`).
+    `recurrent_layers` (Qwen3-Next, Qwen3.5: gated DeltaNet, linear attention) keep no KV per
+    token but a fixed-size state per request: `linear_value_heads` matrices of
+    `linear_key_head_dim` x `linear_value_head_dim` values of `recurrent_state_bytes` each, and
+    a convolution's last `linear_conv_kernel - 1` inputs; vLLM pages that state in blocks of
+    the attention layers' page size (`state_groups`, `state_block_size`), and a step reads and
+    writes every request's state once. `attention_output_gate`: the attention layers' query
+    projection also gives a gate per head (Qwen3-Next, Qwen3.5)."""
 
     name: str
     layers: int
@@ -87,6 +94,14 @@ class ModelSpec:
     index_topk: int = 0  # > 0: sparse attention, each query reading this many keys at most
     index_heads: int = 0  # the sparse-attention indexer's heads
     index_head_dim: int = 0  # and their width (its cached key's too)
+    recurrent_layers: int = 0  # gated-DeltaNet layers: a state per request, no KV per token
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    recurrent_state_bytes: int = 2  # bytes per state value (vLLM's mamba_ssm_cache_dtype)
+    attention_output_gate: bool = False  # the query projection also gives a gate per head
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
     linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
     compute: str = "16-bit"  # the matrix products' format: one of COMPUTE_FORMATS
@@ -128,11 +143,36 @@ class ModelSpec:
             "index_topk",
             "index_heads",
             "index_head_dim",
+            "recurrent_layers",
+            "linear_key_heads",
+            "linear_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel",
         )
         for key in keys:
             v = getattr(self, key)
             if int(v) != v or v < 0:
                 raise CostModelError(f"model {self.name!r}: {key} must be an integer >= 0")
+        if self.recurrent_layers and not (
+            self.recurrent_layers < self.layers
+            and min(self.linear_key_heads, self.linear_value_heads) >= 1
+            and min(self.linear_key_head_dim, self.linear_value_head_dim) >= 1
+            and self.linear_conv_kernel >= 1
+            and self.recurrent_state_bytes in (2, 4)
+        ):
+            raise CostModelError(
+                f"model {self.name!r}: recurrent_layers (gated DeltaNet) must be below layers "
+                f"({self.layers}), with linear key and value heads, head widths and conv kernel "
+                "of at least 1 and a state of 2 or 4 bytes a value"
+            )
+        if self.recurrent_layers and (
+            self.sliding_layers or self.window_all_layers or self.latent or self.index_topk
+        ):
+            raise CostModelError(
+                f"model {self.name!r}: recurrent layers with sliding windows or latent "
+                "attention are not modelled"
+            )
         if self.dense_layers_first >= self.layers or self.sliding_layers >= self.layers:
             raise CostModelError(
                 f"model {self.name!r}: dense_layers_first and sliding_layers must be below "
@@ -207,12 +247,29 @@ class ModelSpec:
             return q + kv_down + kv_up + heads * self.v_head_dim * self.hidden + indexer
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
-        return self.hidden * (q + 2 * kv) + q * self.hidden
+        gate = q if self.attention_output_gate else 0
+        return self.hidden * (q + gate + 2 * kv) + q * self.hidden
+
+    @property
+    def recurrent_params(self) -> int:
+        """One gated-DeltaNet layer's weights: the projections to queries, keys, values, the
+        output gate and each value head's two gates, the convolution, and the output."""
+        keys = self.linear_key_heads * self.linear_key_head_dim
+        values = self.linear_value_heads * self.linear_value_head_dim
+        projections = self.hidden * (2 * keys + 2 * values + 2 * self.linear_value_heads)
+        conv = (2 * keys + values) * self.linear_conv_kernel
+        return projections + conv + values * self.hidden
+
+    @property
+    def mixer_params(self) -> int:
+        """The token mixers' weights over every layer: attention's, or gated DeltaNet's."""
+        attention = self.attention_params * (self.layers - self.recurrent_layers)
+        return attention + self.recurrent_params * self.recurrent_layers
 
     @property
     def attention_layers(self) -> int:
-        """Layers attending to the whole context (not a sliding window)."""
-        return self.layers - self.sliding_layers
+        """Layers attending to the whole context (not a sliding window, not recurrent)."""
+        return self.layers - self.sliding_layers - self.recurrent_layers
 
     @property
     def pair_flops(self) -> int:
@@ -246,6 +303,9 @@ class ModelSpec:
         """The matrix-product weights one token goes through in a layer, on average over the
         layers (attention and MLP; for MoE the active experts, the shared ones and the
         router). For a dense model: every weight of a layer."""
+        if self.recurrent_layers:  # the mixers differ from layer to layer
+            experts = self.experts_per_token + self.shared_experts
+            return (self.mixer_params + self._mlps(experts)) // self.layers
         if not self.experts:
             return self.attention_params + self._mlp_params(self.intermediate)
         active = (self.experts_per_token + self.shared_experts) * self.expert_params
@@ -256,6 +316,8 @@ class ModelSpec:
     @property
     def stored_layer_params(self) -> int:
         """Every weight of the decoder layers, summed over the layers."""
+        if self.recurrent_layers:
+            return self.mixer_params + self._mlps(self.experts + self.shared_experts)
         if not self.experts:
             return self.layers * self.layer_params
         experts = (self.experts + self.shared_experts) * self.expert_params
@@ -269,9 +331,14 @@ class ModelSpec:
         uniform routing (E (1 - (1 - k/E)^T) of E experts)."""
         t = np.asarray(tokens, dtype=np.float64)
         if not self.experts:
+            if self.recurrent_layers:
+                return np.full_like(t, self.stored_layer_params * self.linear_width)
             return np.full_like(t, self.layers * self.layer_params * self.linear_width)
         e, k = self.experts, self.experts_per_token
         touched = e * (1.0 - (1.0 - k / e) ** np.maximum(t, 1.0))
+        if self.recurrent_layers:
+            params = self.mixer_params + self._mlps(touched + self.shared_experts)
+            return self._weight_bytes_read(params, touched)
         moe = (
             self.attention_params
             + (touched + self.shared_experts) * self.expert_params
@@ -279,10 +346,23 @@ class ModelSpec:
         )
         dense = self.attention_params + self._mlp_params(self.intermediate)
         params = self.moe_layers * moe + (self.layers - self.moe_layers) * dense
+        return self._weight_bytes_read(params, touched)
+
+    def _weight_bytes_read(self, params: Any, touched: Any) -> np.ndarray:
+        """The bytes of `params` weights read, of which `touched` experts per MoE layer."""
         if self.expert_bytes:  # the routed experts stored narrower than the rest (mxfp4)
             routed = self.moe_layers * touched * self.expert_params
             return (params - routed) * self.linear_width + routed * self.expert_bytes
         return params * self.linear_width
+
+    def _mlps(self, experts: Any) -> Any:
+        """The MLP weights over every layer with `experts` experts per MoE layer (and its
+        router): the dense layers' MLP elsewhere."""
+        dense = self._mlp_params(self.intermediate)
+        if not self.experts:
+            return self.layers * dense
+        moe = experts * self.expert_params + self.hidden * self.experts
+        return self.moe_layers * moe + (self.layers - self.moe_layers) * dense
 
     @property
     def params(self) -> int:
@@ -344,6 +424,53 @@ class ModelSpec:
             latent / (latent + key),
             key / (latent + key),
         )
+
+    def recurrent_state_per_layer(self, tp: int = 1) -> int:
+        """One request's state in one gated-DeltaNet layer on one of `tp` GPUs (split by heads,
+        as vLLM splits it): the convolution's last kernel - 1 inputs, 16-bit, and each value
+        head's key-by-value matrix."""
+        keys = self.linear_key_heads * self.linear_key_head_dim
+        channels = (2 * keys + self.linear_value_heads * self.linear_value_head_dim) // tp
+        conv = channels * (self.linear_conv_kernel - 1) * self.dtype_bytes
+        heads = self.linear_value_heads // tp
+        matrix = self.linear_key_head_dim * self.linear_value_head_dim
+        return conv + heads * matrix * self.recurrent_state_bytes
+
+    @property
+    def recurrent_state(self) -> int:
+        """One request's state over every recurrent layer (all GPUs together)."""
+        return self.recurrent_layers * self.recurrent_state_per_layer()
+
+    @property
+    def recurrent_token_flops(self) -> int:
+        """FLOPs one token costs the recurrent layers beyond their projections: per value head,
+        reading the key-by-value state, the delta rule's correction and update, and the output
+        (about 6 x key width x value width), and the convolution."""
+        keys = self.linear_key_heads * self.linear_key_head_dim
+        channels = 2 * keys + self.linear_value_heads * self.linear_value_head_dim
+        matrix = self.linear_key_head_dim * self.linear_value_head_dim
+        per_layer = 6 * self.linear_value_heads * matrix + 2 * channels * self.linear_conv_kernel
+        return self.recurrent_layers * per_layer
+
+    def state_groups(self) -> int | None:
+        """The block groups vLLM's hybrid allocator gives the recurrent layers' states, each
+        holding one block per running request, or None without recurrent layers. Layers go in
+        groups as large as the smaller kind (`kv_window`): with at least as many recurrent
+        layers as attention ones, as in every such model (Qwen3-Next: 36 and 12), a group is
+        the attention layers, and the states take ceil(recurrent / attention) groups."""
+        if not self.recurrent_layers:
+            return None
+        return -(-self.recurrent_layers // self.attention_layers)
+
+    def state_block_size(self, tp: int, block_size: int) -> int:
+        """vLLM's block size for a model with recurrent layers: the attention layers' block,
+        grown in steps of 16 tokens until one layer's page of it (on one of `tp` GPUs, which
+        each hold at least one KV head) holds one layer's state; `block_size` where larger
+        (Qwen3-Next on one GPU: 544 tokens)."""
+        heads = max(1, self.kv_heads // tp)
+        per_token = 2 * heads * self.head_dim * self.kv_dtype_bytes
+        grown = 16 * -(-self.recurrent_state_per_layer(tp) // (16 * per_token))
+        return max(block_size, grown)
 
     def kv_window(self) -> tuple[int, int] | None:
         """How vLLM's hybrid allocator keeps the sliding layers' KV, in blocks of the full

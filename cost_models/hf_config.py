@@ -11,13 +11,17 @@ DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_
 `index_n_heads`, `index_head_dim`); the layers `layer_types` (or Gemma's
 `sliding_window_pattern`, or Qwen2's `use_sliding_window`) marks `sliding_attention` and their
 `sliding_window`, which with neither field every layer attends to (Mistral 7B v0.1, Phi-3 4k);
-Llama 4's chunked layers (`attention_chunk_size`, `no_rope_layers`);
+Llama 4's chunked layers (`attention_chunk_size`, `no_rope_layers`); gated-DeltaNet layers
+(Qwen3-Next, Qwen3.5: `linear_attention` in `layer_types`, or all but every
+`full_attention_interval`-th layer; `linear_num_key_heads`, `linear_num_value_heads`, their
+widths, `linear_conv_kernel_dim`, `mamba_ssm_dtype`);
 `tie_word_embeddings`; a two-matrix MLP for the families that have one (`PLAIN_MLP`); the
 weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
 `dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the
-usual ones; a missing field, a quantization not modelled, or layers that are not attention
-(state-space or linear attention: `attention_layers`) is an error naming it.
+usual ones; a missing field, a quantization not modelled, or layers that are neither attention
+nor gated DeltaNet (other state-space or linear attention: `attention_layers`) is an error
+naming it.
 """
 
 from __future__ import annotations
@@ -196,6 +200,7 @@ def model_from_hf_config(
     kinds = attention_layers(c, name)
     sliding = sum(kind == "sliding_attention" for kind in kinds)
     chunked = sum(kind == "chunked_attention" for kind in kinds)
+    recurrent = sum(kind == "linear_attention" for kind in kinds)
     if sliding and chunked:
         raise CostModelError(
             f"{name}: config.json has both sliding_attention and chunked_attention layers: "
@@ -246,6 +251,14 @@ def model_from_hf_config(
         index_topk=topk,
         index_heads=int(need("index_n_heads")) if topk else 0,
         index_head_dim=int(need("index_head_dim")) if topk else 0,
+        recurrent_layers=recurrent,
+        linear_key_heads=int(need("linear_num_key_heads")) if recurrent else 0,
+        linear_value_heads=int(need("linear_num_value_heads")) if recurrent else 0,
+        linear_key_head_dim=int(need("linear_key_head_dim")) if recurrent else 0,
+        linear_value_head_dim=int(need("linear_value_head_dim")) if recurrent else 0,
+        linear_conv_kernel=int(need("linear_conv_kernel_dim")) if recurrent else 0,
+        recurrent_state_bytes=state_bytes(c, name) if recurrent else 2,
+        attention_output_gate=bool(c.get("attn_output_gate", False)),
         sliding_layers=chunked or (0 if every_layer else sliding),
         sliding_window=(
             int(need("attention_chunk_size"))
@@ -264,7 +277,7 @@ def model_from_hf_config(
 # (the published Gemma configs state little more than their sizes): Gemma ties its output head
 # to the embedding; Gemma 2 alternates sliding and full layers, Gemma 3 has five sliding layers
 # to a full one, with Gemma 3's vocabulary; the Qwen families slide no layer unless a config
-# sets use_sliding_window.
+# sets use_sliding_window; Qwen3-Next's and Qwen3.5's attention layers gate their output.
 MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {"tie_word_embeddings": True},
     "qwen2": {"use_sliding_window": False},
@@ -272,12 +285,29 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"use_sliding_window": False},
     "qwen3_moe": {"use_sliding_window": False},
     "gemma2": {"tie_word_embeddings": True, "sliding_window_pattern": 2},
+    "qwen3_next": {"attn_output_gate": True},
+    "qwen3_5": {"attn_output_gate": True},
+    "qwen3_5_text": {"attn_output_gate": True},
+    "qwen3_5_moe": {"attn_output_gate": True},
+    "qwen3_5_moe_text": {"attn_output_gate": True},
     "gemma3_text": {
         "tie_word_embeddings": True,
         "sliding_window_pattern": 6,
         "vocab_size": 262_208,
     },
 }
+
+
+def state_bytes(c: dict[str, Any], name: str) -> int:
+    """Bytes per value of a recurrent layer's state: the config's `mamba_ssm_dtype` (Qwen3.5
+    keeps it float32), else the model's 16 bits, as vLLM's mamba_ssm_cache_dtype=auto does."""
+    dtype = c.get("mamba_ssm_dtype") or c.get("mamba_ssm_cache_dtype") or "bfloat16"
+    sizes = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+    if dtype not in sizes:
+        raise CostModelError(
+            f"{name}: config.json mamba_ssm_dtype={dtype!r}; accepted: {', '.join(sizes)}"
+        )
+    return sizes[dtype]
 
 
 # the families whose MLP is two matrices (up, an activation, down) rather than gated (SwiGLU,
@@ -298,6 +328,12 @@ def layer_types(c: dict[str, Any]) -> list[str]:
     if kinds is not None:
         return list(kinds)
     every = int(c.get("num_hidden_layers") or 0)
+    interval = c.get("full_attention_interval")
+    if interval:  # Qwen3-Next, Qwen3.5: every interval-th layer attention, the others DeltaNet
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(every)
+        ]
     pattern = c.get("sliding_window_pattern")
     if pattern and pattern >= 2:
         return [
@@ -317,15 +353,15 @@ def layer_types(c: dict[str, Any]) -> list[str]:
     return ["full_attention" if i < first else "sliding_attention" for i in range(every)]
 
 
-# the kinds of layer `layer_types` may name that fairsim models
-ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
-# fields of models whose layers are not all attention: state-space (Mamba) and linear-attention
-# layers keep a fixed-size state per request instead of a KV per token (Jamba, Bamba, Zamba 2,
-# Nemotron-H, Falcon-H1, MiniMax's lightning attention, Qwen3-Next's gated DeltaNet, Kimi Linear)
+# the kinds of layer `layer_types` may name that fairsim models (linear_attention: gated DeltaNet,
+# Qwen3-Next's and Qwen3.5's)
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+# fields of models with state-space (Mamba) or linear-attention layers other than gated DeltaNet:
+# they keep a fixed-size state per request too, of shapes fairsim does not read (Jamba, Bamba,
+# Zamba 2, Nemotron-H, Falcon-H1, MiniMax's lightning attention, Kimi Linear)
 RECURRENT_FIELDS = (
     "mamba_d_state", "ssm_state_size", "hybrid_override_pattern", "layers_block_type",
-    "attn_layer_period", "attn_layer_indices", "attn_type_list", "linear_num_value_heads",
-    "linear_attn_config",
+    "attn_layer_period", "attn_layer_indices", "attn_type_list", "linear_attn_config",
 )  # fmt: skip
 
 
@@ -346,8 +382,9 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
     (`UNMODELLED_ATTENTION`), is a one-line error rather than a KV pool and step times computed
     as if every layer kept a plain KV per token."""
     not_modelled = (
-        "fairsim models attention layers only (accepted layer_types: "
-        f"{', '.join(ATTENTION_KINDS)}); state-space and linear-attention layers are not modelled"
+        "fairsim models attention and gated-DeltaNet layers only (accepted layer_types: "
+        f"{', '.join(ATTENTION_KINDS)}); other state-space and linear-attention layers are not "
+        "modelled"
     )
     for key in RECURRENT_FIELDS:
         if c.get(key) is not None:
@@ -365,6 +402,11 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
     other = sorted(set(kinds) - set(ATTENTION_KINDS))
     if other:
         raise CostModelError(f"{name}: config.json layer_types has {other}: {not_modelled}")
+    if c.get("linear_num_value_heads") is not None and "linear_attention" not in kinds:
+        raise CostModelError(
+            f"{name}: config.json has linear_num_value_heads (gated DeltaNet) but neither "
+            "layer_types nor full_attention_interval says which layers have it"
+        )
     return kinds
 
 
@@ -378,7 +420,9 @@ INTEGER_FIELDS = (
     "num_experts_per_tok", "experts_per_token", "q_lora_rank", "qk_nope_head_dim",
     "qk_rope_head_dim", "v_head_dim", "sliding_window", "sliding_window_pattern",
     "max_window_layers", "attention_chunk_size", "no_rope_layer_interval", "index_topk",
-    "index_n_heads", "index_head_dim",
+    "index_n_heads", "index_head_dim", "full_attention_interval", "linear_num_key_heads",
+    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim",
 )  # fmt: skip
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")

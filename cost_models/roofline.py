@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from cost_models.base import (
     slid_step_shape,
     sparse_decode_step,
     sparse_step_shape,
+    state_decode_step,
     step_shape,
     windowed_decode_step,
 )
@@ -84,7 +86,20 @@ class RooflineCost:
         object.__setattr__(self, "_window", None if window is None else (window[0], ratio))
         object.__setattr__(self, "_whole", m.window_all_layers or None)  # every layer slides
         object.__setattr__(self, "_chunked", m.attention_chunked)  # Llama 4's chunked layers
-        object.__setattr__(self, "_sparse", m.sparse_attention())  # DeepSeek's sparse attention
+        sparse = m.sparse_attention()  # DeepSeek's sparse attention
+        object.__setattr__(self, "_sparse", sparse)
+        # recurrent layers read and write each request's state at every step: in KV tokens
+        state = 2.0 * m.recurrent_state / m.kv_bytes_over(self.tp) if m.recurrent_layers else None
+        object.__setattr__(self, "_state", state)
+        # a decode-only step's (pairs, KV read and written) where they are not the context's
+        shape = None
+        if self._window is not None:  # type: ignore[attr-defined]
+            shape = partial(windowed_decode_step, window=self._window)  # type: ignore[attr-defined]
+        elif sparse is not None:
+            shape = partial(sparse_decode_step, sparse=sparse)
+        elif state is not None:
+            shape = partial(state_decode_step, state=state)
+        object.__setattr__(self, "_decode_shape", shape)
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -106,6 +121,8 @@ class RooflineCost:
         """The decoder layers' matrix products over `tokens` tokens."""
         m = self.model_spec
         flops = 2.0 * m.layer_params * m.layers * np.asarray(tokens, dtype=np.float64)
+        if m.recurrent_layers:  # the recurrent layers' state updates beyond their projections
+            flops = flops + m.recurrent_token_flops * np.asarray(tokens, dtype=np.float64)
         return self._roof(flops, m.layer_bytes_read(tokens))
 
     def attention_time(
@@ -184,7 +201,11 @@ class RooflineCost:
         if sparse is not None:
             return sparse_step_shape(chunks, decode_batch, decode_context, sparse)
         window, chunked = self._window, self._chunked  # type: ignore[attr-defined]
-        return step_shape(chunks, decode_batch, decode_context, window, chunked)
+        tokens, pairs, kv_read = step_shape(chunks, decode_batch, decode_context, window, chunked)
+        state = self._state  # type: ignore[attr-defined]
+        if state is not None:  # every request's recurrent state, read and written
+            kv_read += (len(chunks) + decode_batch) * state
+        return tokens, pairs, kv_read
 
     def prefill_time(self, prompt_lens: np.ndarray) -> float:
         return self.step_time([(int(p), 0) for p in np.asarray(prompt_lens).tolist()])
@@ -194,15 +215,11 @@ class RooflineCost:
         if self._whole is not None:  # type: ignore[attr-defined]
             ctx = np.minimum(ctx, batch_size * self._whole)  # type: ignore[attr-defined]
         per_pair, per_token = self._attention_rates()
-        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
-        if window is None and sparse is None:
+        shape = self._decode_shape  # type: ignore[attr-defined]
+        if shape is None:
             attention = np.maximum(per_pair * ctx, per_token * (ctx + batch_size))
         else:
-            pairs, kv = (
-                windowed_decode_step(ctx, batch_size, window)
-                if window is not None
-                else sparse_decode_step(ctx, batch_size, sparse)
-            )
+            pairs, kv = shape(ctx, batch_size)
             attention = np.maximum(per_pair * pairs, per_token * kv)
         return self._count_terms(batch_size, batch_size) + attention + self.step_overhead
 
@@ -211,15 +228,11 @@ class RooflineCost:
         if self._whole is not None:  # type: ignore[attr-defined]
             ctx = float(min(context_tokens, batch_size * self._whole))  # type: ignore[attr-defined]
         per_pair, per_token = self._rates  # type: ignore[attr-defined]
-        window, sparse = self._window, self._sparse  # type: ignore[attr-defined]
-        if window is None and sparse is None:
+        shape = self._decode_shape  # type: ignore[attr-defined]
+        if shape is None:
             attention = max(per_pair * ctx, per_token * (ctx + batch_size))
         else:
-            pairs, kv = (
-                windowed_decode_step(ctx, batch_size, window)
-                if window is not None
-                else sparse_decode_step(ctx, batch_size, sparse)
-            )
+            pairs, kv = shape(ctx, batch_size)
             attention = max(per_pair * pairs, per_token * kv)
         fixed = self._terms.get((batch_size, batch_size))  # type: ignore[attr-defined]
         if fixed is None:
@@ -229,11 +242,30 @@ class RooflineCost:
     def with_full_attention(self) -> RooflineCost:
         """This cost model with every windowed layer read as full attention: the KV layout of
         an engine that keeps every token in every layer (vLLM without its hybrid KV cache
-        manager)."""
+        manager). A model with recurrent layers has no such layout: vLLM keeps their state with
+        the hybrid manager only."""
         m = self.model_spec
+        if m.recurrent_layers:
+            raise CostModelError(
+                f"model {m.name!r} has recurrent (gated-DeltaNet) layers, whose state vLLM "
+                "keeps with its hybrid KV cache manager only: a KV connector (a CPU tier, "
+                "disaggregated pools) or engine.hybrid_kv_cache_manager=false is not modelled "
+                "for it"
+            )
         full = replace(m, sliding_layers=0, sliding_window=0, attention_chunked=False,
                        window_all_layers=0)  # fmt: skip
         return self if full == m else replace(self, model=full)
+
+    def kv_block_size(self, block_size: int) -> int:
+        """The block size vLLM uses for this model given `block_size`: larger for a model with
+        recurrent layers, whose state a block's page must hold (`ModelSpec.state_block_size`)."""
+        m = self.model_spec
+        return m.state_block_size(self.tp, block_size) if m.recurrent_layers else block_size
+
+    def kv_state_groups(self) -> int | None:
+        """The block groups holding the recurrent layers' states, one block per running
+        request in each (`ModelSpec.state_groups`), or None."""
+        return self.model_spec.state_groups()
 
     def all_layers_window(self) -> int | None:
         """The window every layer attends to (Mistral 7B v0.1, Phi-3 4k), or None: the engine

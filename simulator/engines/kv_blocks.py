@@ -596,6 +596,30 @@ class WindowedBlockPool(BlockPool):
         self.empty += self.window_held.pop(req, 0)
 
 
+class StateBlockPool(WindowedBlockPool):
+    """The block pool of a model with recurrent layers (Qwen3-Next, Qwen3.5: gated DeltaNet):
+    besides its attention blocks, a running request holds one block in each of `groups` state
+    groups from its admission to its end, as vLLM's hybrid allocator keeps a request's
+    recurrent state (one page per group, the block size chosen so that a page holds it:
+    `state_block_size`). The window groups' bookkeeping with a window of one block: a chunk
+    holds no more than decoding does. Prefix caching is off: a hit would need the state at the
+    hit's end, which vLLM (as fairsim) does not keep by default."""
+
+    def __init__(self, num_blocks: int, block_size: int, groups: int, computed: list[int]):
+        super().__init__(num_blocks, block_size, False, 1, groups, computed)
+
+    @staticmethod
+    def most_blocks(window: int, block_size: int) -> int:
+        return 1
+
+    def _step_blocks(self, computed: int, tokens: int) -> int:
+        return self.groups if tokens > 0 else 0
+
+    def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
+        """The attention layers' KV and, in every group, a whole page: the state fills it."""
+        return BlockPool.moved_tokens(self, req, tokens, hit_blocks) + self.groups * self.block_size
+
+
 class ChunkedBlockPool(WindowedBlockPool):
     """The block pool of a model with chunked local attention (Llama 4: three layers in four
     attend only within their own `window`-token chunk of the context): the chunked layers'

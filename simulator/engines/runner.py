@@ -121,6 +121,7 @@ class Runner:
         spill: SpillPlan | None = None,
     ) -> None:
         cluster = cluster or ClusterConfig()
+        engine = engine.for_cost(cost)  # (vLLM's block size for a model with recurrent layers)
         self.trace, self.engine, self.cluster = trace, engine, cluster
         self.horizon = engine.horizon
         self.progress, self._reported = progress, wallclock.monotonic()

@@ -16,7 +16,7 @@ import heapq
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -62,6 +62,9 @@ def check_horizon(horizon: float | None) -> None:
         raise ConfigError(f"engine.horizon must be null or a number > 0, got {horizon!r}")
 
 
+Knobs = TypeVar("Knobs", bound="EngineKnobs")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineKnobs:
     """The knobs every engine config has, and their checks (keyword-only, so each engine's own
@@ -79,6 +82,10 @@ class EngineKnobs:
     def __post_init__(self) -> None:
         check_horizon(self.horizon)
         check_jitter(self.step_jitter_cv, self.step_jitter_seed, self.run_speed_cv)
+
+    def for_cost(self: Knobs, cost: StepCostModel) -> Knobs:
+        """This config as it serves the cost model's model (`EngineConfig.for_cost`)."""
+        return self
 
     def build(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
         """One replica per (policy, queue) of `pairs`, once every policy is known to need no
@@ -137,6 +144,13 @@ def all_layers_window(cost: StepCostModel) -> int | None:
     4k: `sliding_window` with no full-attention layer), or None."""
     window = getattr(cost, "all_layers_window", None)
     return None if window is None else window()
+
+
+def state_groups(cost: StepCostModel) -> int | None:
+    """The block groups holding a model's recurrent layers' states (the cost model's
+    `kv_state_groups`: one block per running request in each), or None."""
+    groups = getattr(cost, "kv_state_groups", None)
+    return None if groups is None else groups()
 
 
 def chunked_layers(cost: StepCostModel) -> bool:
@@ -328,6 +342,11 @@ class EngineConfig(Protocol):
     def for_lone_requests(self, prompt_tokens: int, cost: StepCostModel) -> EngineConfig:
         """A copy in which a lone request of up to `prompt_tokens` prompt tokens and one output
         token always runs, without a horizon (to profile the engine's prefill times)."""
+        ...
+
+    def for_cost(self, cost: StepCostModel) -> EngineConfig:
+        """This config as it serves the cost model's model (an engine may adapt a knob to the
+        model, as vLLM does its block size)."""
         ...
 
     def build(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:

@@ -53,6 +53,7 @@ from simulator.engines.kv_blocks import (
     ChunkedBlockPool,
     CPUTier,
     SlidingBlockPool,
+    StateBlockPool,
     WindowedBlockPool,
     block_keys,
     kv_token_bytes,
@@ -72,6 +73,7 @@ from simulator.engines.step_model import (
     decode_step_ends,
     next_deadline,
     settle,
+    state_groups,
 )
 from traces.schema import Trace
 
@@ -170,7 +172,20 @@ class VLLMConfig(EngineKnobs):
         full = getattr(cost, "with_full_attention", None)
         return cost if full is None else full()
 
+    def for_cost(self, cost: StepCostModel) -> VLLMConfig:
+        """With vLLM's block size for the model: larger than `block_size` for a model with
+        recurrent layers, so that a block's page holds a layer's state (the cost model's
+        `kv_block_size`)."""
+        size = getattr(cost, "kv_block_size", None)
+        block_size = self.block_size if size is None else size(self.block_size)
+        if block_size == self.block_size:
+            return self
+        return dataclasses.replace(self, block_size=block_size)
+
     def num_blocks(self, cost: StepCostModel) -> int:
+        adapted = self.for_cost(cost)
+        if adapted is not self:
+            return adapted.num_blocks(cost)
         cost = self.kv_layout(cost)
         if self.pool_tokens is not None:
             return int(self.pool_tokens) // self.block_size
@@ -203,7 +218,19 @@ class VLLMConfig(EngineKnobs):
     ) -> BlockPool:
         """One replica's pool; a hybrid model's keeps its sliding layers' windows too, and a
         model whose every layer slides holds a window per request."""
+        adapted = self.for_cost(cost)
+        if adapted is not self:
+            return adapted.block_pool(cost, cpu, computed)
         blocks, caching = self.num_blocks(cost), self.enable_prefix_caching
+        groups = state_groups(self.kv_layout(cost))
+        if groups is not None:
+            if cpu is not None:
+                raise ConfigError(
+                    "engine.cpu_kv_tokens > 0 (a CPU tier) is not modelled for a model with "
+                    "recurrent layers (vLLM keeps their state with its hybrid KV cache manager, "
+                    "which a KV connector turns off)"
+                )
+            return StateBlockPool(blocks, self.block_size, groups, computed)
         window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return BlockPool(blocks, self.block_size, caching, cpu)
@@ -243,8 +270,14 @@ class VLLMConfig(EngineKnobs):
         tokens) and, for a hybrid model, its windows when decoding and when computing its
         first prompt chunk and its last (every group holds the whole chunk); for a model whose
         every layer slides, its window alone, or its chunks'."""
+        adapted = self.for_cost(cost)
+        if adapted is not self:
+            return adapted.peak_blocks(prompt, output, cost)
         b = self.block_size
         final = -(-(prompt + output - 1) // b)
+        groups = state_groups(self.kv_layout(cost))
+        if groups is not None:  # its state, a block in every group, from its admission
+            return final + groups
         window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return final
@@ -267,8 +300,10 @@ class VLLMConfig(EngineKnobs):
     def for_lone_requests(self, prompt_tokens: int, cost: StepCostModel) -> VLLMConfig:
         """A copy in which a lone request of up to `prompt_tokens` prompt tokens and one output
         token always runs (no horizon): for profiling. Prompts are chunked as configured."""
-        blocks = max(self.num_blocks(cost), -(-(prompt_tokens + 1) // self.block_size))
-        return dataclasses.replace(self, pool_tokens=blocks * self.block_size, horizon=None)
+        cfg = self.for_cost(cost)
+        need = -(-(prompt_tokens + 1) // cfg.block_size) + (state_groups(cost) or 0)
+        blocks = max(cfg.num_blocks(cost), need)
+        return dataclasses.replace(cfg, pool_tokens=blocks * cfg.block_size, horizon=None)
 
     def replicas(self, host: Host, pairs: Pairs, cost: StepCostModel, ff: bool) -> list[StepModel]:
         shared = VLLMRequests(len(host.trace))  # per-request engine state all replicas fill

@@ -1,0 +1,170 @@
+"""Gated-DeltaNet layers (Qwen3-Next, Qwen3.5: `linear_attention`): no KV per token but a
+fixed-size state per request, paged by vLLM's hybrid allocator in blocks grown until a page
+holds a layer's state. Checked: the published configs read with their sizes, vLLM's block
+size and per-request reservation, the pool step by step, one float however a decode is timed,
+fast-forward, and what is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_vllm_engine import check_invariants, trace
+
+from conftest import random_trace, with_shared_prefixes
+from cost_models import CostModelError, FittedCost, RooflineCost
+from cost_models.hf_config import model_from_hf_config
+from policies import FCFS, VTC
+from simulator.core.errors import ConfigError
+from simulator.engines import ClusterConfig, VLLMConfig, simulate
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (the fields read): 48 layers, every fourth
+# attention (16 heads, 2 KV heads of 256, an output gate), the others gated DeltaNet (16 key
+# and 32 value heads of 128, a 4-wide convolution); 512 experts, 10 and a shared one active
+QWEN3_NEXT = {
+    "model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120,
+    "num_hidden_layers": 48, "full_attention_interval": 4, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "num_experts": 512, "num_experts_per_tok": 10,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "decoder_sparse_step": 1, "vocab_size": 151936, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+# a Qwen3.5-generation dense model wrapped as its published config wraps it (Qwen3.8-27B's
+# shape: 64 layers, 16 of them attention with 4 KV heads of 256; 48 value heads; the state kept
+# in float32 as its mamba_ssm_dtype says)
+QWEN3_8_27B = {
+    "model_type": "qwen3_5",
+    "text_config": {
+        "model_type": "qwen3_5_text", "hidden_size": 5120, "intermediate_size": 17408,
+        "num_hidden_layers": 64, "full_attention_interval": 4, "num_attention_heads": 24,
+        "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32", "vocab_size": 248320,
+    },
+}  # fmt: skip
+
+
+def qwen3_next(**changes: object):
+    return dataclasses.replace(model_from_hf_config(QWEN3_NEXT, "qwen3-next"), **changes)
+
+
+def test_qwen3_next_reads_with_its_size_and_its_layers_state():
+    m = qwen3_next()
+    assert (m.recurrent_layers, m.attention_layers) == (36, 12)
+    # a DeltaNet layer: projections to q, k (16 x 128 each), v and the gate z (32 x 128
+    # each) and the two per-head gates, the convolution over q, k, v, and the output
+    deltanet = 2048 * (2 * 2048 + 2 * 4096 + 2 * 32) + (2 * 2048 + 4096) * 4 + 4096 * 2048
+    assert m.recurrent_params == deltanet
+    # attention: the query projection also gives an output gate per head
+    assert m.attention_params == 2048 * (2 * 16 * 256 + 2 * 2 * 256) + 16 * 256 * 2048
+    assert m.params == pytest.approx(80e9, rel=0.01)  # "80B in total" (its model card)
+    # KV per token: the 12 attention layers only; the state: the convolution's last 3 inputs
+    # over 2 x 2048 + 4096 channels and 32 matrices of 128 x 128, 16-bit
+    assert m.kv_bytes_per_token == 12 * 2 * 2 * 256 * 2
+    assert m.recurrent_state_per_layer() == 8192 * 3 * 2 + 32 * 128 * 128 * 2
+    assert m.state_groups() == 3  # groups of 12 layers: one of attention, three of DeltaNet
+    # vLLM on one GPU: "Setting attention block size to 544 tokens to ensure that attention
+    # page size is >= mamba page size" (16 x ceil(1,097,728 / (16 x 2,048)))
+    assert m.state_block_size(1, 16) == 544
+    assert m.state_block_size(4, 16) == 272 and m.state_block_size(4, 1024) == 1024
+
+
+def test_a_qwen3_5_models_reservation_is_what_vllms_allocator_pages():
+    cost = RooflineCost(model=model_from_hf_config(QWEN3_8_27B, "qwen3.8-27b"), gpu="h200")
+    m = cost.model_spec
+    assert m.recurrent_state_bytes == 4 and cost.kv_block_size(16) == 784
+    # vLLM 0.29 holds a 262,144-token request of this config in 17,366,515,712 bytes with
+    # prefix caching off (a trace of its allocator's paging: 335 attention blocks of 784
+    # tokens and one page in each of 3 state groups, every block 784 x 65,536 bytes)
+    cfg = VLLMConfig(pool_tokens=2_000_000).for_cost(cost)
+    blocks = int(cfg.peak_blocks(np.array([262_144]), 1, cost)[0])
+    assert blocks * cfg.block_size * m.kv_bytes_per_token == 17_366_515_712
+
+
+def test_a_request_holds_its_attention_blocks_and_a_state_page_in_every_group_at_every_step():
+    cost = FittedCost(model=qwen3_next(), gpu="h100", tp=4)  # blocks of 272 tokens
+    lone = trace([0.0], [1000], [700])
+    tl = simulate(lone, FCFS(), cost, VLLMConfig(max_num_batched_tokens=512))
+    b = tl.info["block_size"]
+    assert b == 272
+    # its KV after each step: the tokens it has computed, in blocks, and 3 state pages
+    computed = np.cumsum(tl.steps["num_tokens"])
+    held = (-(-computed // b) + 3) * b
+    assert tl.steps["kv_used"].tolist() == held.tolist()
+
+
+@pytest.mark.parametrize("kind", [RooflineCost, FittedCost])
+def test_a_decode_is_the_same_float_step_by_step_as_a_run_or_a_step(kind):
+    cost = kind(model=qwen3_next(), gpu="h100", tp=4)
+    for batch in (1, 9, 128):
+        ctx = np.array([batch * 10, batch * 3000, batch * 70_000])
+        run = cost.decode_times(batch, ctx)
+        np.testing.assert_array_equal(run, [cost.decode_time(batch, int(c)) for c in ctx])
+        np.testing.assert_array_equal(run, [cost.step_time((), batch, int(c)) for c in ctx])
+
+
+def test_every_step_reads_and_writes_each_requests_state_and_long_contexts_stay_cheap():
+    hybrid = RooflineCost(model=qwen3_next(), gpu="h100", tp=4)
+    m = hybrid.model_spec
+    # the state, read and written, in tokens of the attention layers' KV
+    assert hybrid._state == 2 * 36 * m.recurrent_state_per_layer() / m.kv_bytes_over(4)
+    # all 48 layers attention instead: every token's KV in every layer
+    dense = RooflineCost(model=qwen3_next(recurrent_layers=0), gpu="h100", tp=4)
+    assert hybrid.decode_time(64, 64 * 32_000) < 0.5 * dense.decode_time(64, 64 * 32_000)
+    # short contexts: the states cost more than attention over 16 tokens in those layers
+    assert hybrid.decode_time(64, 64 * 16) > dense.decode_time(64, 64 * 16)
+    assert hybrid.kv_capacity_tokens(0.9) > 3 * dense.kv_capacity_tokens(0.9)
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [None, ClusterConfig(2, "round_robin"), ClusterConfig(2, "least_requests")],
+    ids=["one", "independent", "coupled"],
+)
+def test_fast_forward_changes_nothing_and_the_pool_preempts_within_its_blocks(cluster):
+    cost = FittedCost(model=qwen3_next(), gpu="h100", tp=4)
+    t = with_shared_prefixes(random_trace(6, 120, 3, max_prompt=4000, max_output=300, rate=30.0), 6)
+    runs = []
+    for ff in (True, False):
+        cfg = VLLMConfig(pool_tokens=40_000, fast_forward=ff)
+        tl = simulate(t, VTC(), cost, cfg, cluster)
+        check_invariants(tl, cfg.for_cost(cost))
+        runs.append(tl)
+    on, off = runs
+    assert on.token_times()[2].tolist() == off.token_times()[2].tolist()
+    assert on.request_columns["preemptions"].sum() > 0, "the pool was tight enough to preempt"
+    # prefix caching is off for such a model (a hit would need the state where it ends)
+    assert on.request_columns["cached_tokens"].sum() == 0
+
+
+def test_what_vllm_cannot_do_with_recurrent_layers_is_refused_by_name():
+    cost = FittedCost(model=qwen3_next(), gpu="h100", tp=4)
+    t = random_trace(1, 5, 1, max_prompt=100, max_output=10, rate=1.0)
+    with pytest.raises(CostModelError, match="recurrent .gated-DeltaNet. layers.*a CPU tier"):
+        simulate(t, FCFS(), cost, VLLMConfig(pool_tokens=40_000, cpu_kv_tokens=10_000))
+    with pytest.raises(ConfigError, match="a CPU tier.*recurrent layers"):
+        cfg = VLLMConfig(pool_tokens=40_000, cpu_kv_tokens=10_000, hybrid_kv_cache_manager=True)
+        simulate(t, FCFS(), cost, cfg)
+    with pytest.raises(CostModelError, match="recurrent .gated-DeltaNet. layers.*disaggregated"):
+        pd = ClusterConfig(prefill_replicas=1, decode_replicas=1)
+        simulate(t, FCFS(), cost, VLLMConfig(pool_tokens=40_000), pd)
+    with pytest.raises(CostModelError, match="hybrid_kv_cache_manager=false"):
+        cfg = VLLMConfig(pool_tokens=40_000, hybrid_kv_cache_manager=False)
+        simulate(t, FCFS(), cost, cfg)
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"full_attention_interval": None}, "linear_num_value_heads .gated DeltaNet. but neither"),
+        ({"linear_conv_kernel_dim": None}, "has no linear_conv_kernel_dim"),
+        ({"mamba_ssm_dtype": "int4"}, "mamba_ssm_dtype='int4'; accepted: float32"),
+        ({"layer_types": ["mamba"] * 48}, "layer_types has \\['mamba'\\]"),
+    ],
+)
+def test_a_hybrid_config_missing_what_it_needs_is_an_error_naming_it(change, named):
+    with pytest.raises(CostModelError, match=f"^m: config.json .*{named}"):
+        model_from_hf_config({**QWEN3_NEXT, **change}, "m")
