@@ -210,6 +210,10 @@ def model_from_hf_config(
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
     if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
         shared = max(shared, 1)  # Qwen2-MoE's and every Llama 4 MoE layer's shared expert
+        width = c.get("shared_expert_intermediate_size") or 0
+        expert_width = moe_width or dense_width
+        if width > expert_width and width % expert_width == 0:  # Qwen2-MoE's: 8 experts wide
+            shared = width // expert_width
     # like vLLM's --dtype, a 16-bit dtype leaves a quantized checkpoint quantized; a quantized
     # one chooses the weights' format (as --quantization fp8 quantizes a 16-bit checkpoint)
     forced = weight_format(dtype) if dtype is not None else None

@@ -131,6 +131,22 @@ def test_deepseek_latent_attention_and_experts_give_the_published_sizes_and_kv_b
         model_from_hf_config({k: v for k, v in DEEPSEEK_V3.items() if k != "v_head_dim"}, "x")
 
 
+def test_a_shared_expert_wider_than_the_routed_ones_counts_its_whole_width():
+    # Qwen/Qwen2-57B-A14B's config.json: a shared expert of 20,480, eight routed ones wide;
+    # its model card: 57.41B parameters, 14B active
+    qwen2_57b = {
+        "model_type": "qwen2_moe", "hidden_size": 3584, "intermediate_size": 18944,
+        "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480,
+        "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    m = model_from_hf_config(qwen2_57b, "qwen2-57b-a14b")
+    assert m.shared_experts == 8
+    assert m.params == pytest.approx(57.41e9, rel=0.001)
+    assert active_params(m) == pytest.approx(14e9, rel=0.03)
+
+
 def test_families_with_a_two_matrix_mlp_read_with_the_published_size():
     # EleutherAI/pythia-6.9b's config.json: GPT-NeoX, an up and a down projection (GELU); the
     # Pythia paper counts 6,857,302,016 parameters (biases and norms, left out here, are 0.03%)
