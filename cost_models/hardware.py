@@ -56,13 +56,14 @@ class ModelSpec:
     KV is kept (the latent and the indexer's fp8 key), so the pool holds what full attention's
     would, a little more; a step forms the indexer's pairs over the whole context and
     attention's over at most `index_topk` keys a query (`sparse_attention`).
-    `recurrent_layers` (Qwen3-Next, Qwen3.5: gated DeltaNet, linear attention) keep no KV per
-    token but a fixed-size state per request: `linear_value_heads` matrices of
-    `linear_key_head_dim` x `linear_value_head_dim` values of `recurrent_state_bytes` each, and
-    a convolution's last `linear_conv_kernel - 1` inputs; vLLM pages that state in blocks of
-    the attention layers' page size (`state_groups`, `state_block_size`), and a step reads and
-    writes every request's state once. `attention_output_gate`: the attention layers' query
-    projection also gives a gate per head (Qwen3-Next, Qwen3.5)."""
+    `recurrent_layers` (Qwen3-Next, Qwen3.5: gated DeltaNet, linear attention; or, with
+    `mamba_heads`, Granite 4.0-H's Mamba-2) keep no KV per token but a fixed-size state per
+    request: `linear_value_heads` matrices of `linear_key_head_dim` x `linear_value_head_dim`
+    values (Mamba-2: `mamba_heads` of `mamba_head_dim` x `mamba_state_size`) of
+    `recurrent_state_bytes` each, and a convolution's last kernel - 1 inputs; vLLM pages that
+    state in blocks of the attention layers' page size (`state_groups`, `state_block_size`),
+    and a step reads and writes every request's state once. `attention_output_gate`: the
+    attention layers' query projection also gives a gate per head (Qwen3-Next, Qwen3.5)."""
 
     name: str
     layers: int
@@ -100,6 +101,11 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
+    mamba_heads: int = 0  # > 0: the recurrent layers are Mamba-2's (Granite 4.0-H), not DeltaNet
+    mamba_head_dim: int = 0
+    mamba_state_size: int = 0
+    mamba_groups: int = 1
+    mamba_conv_kernel: int = 0
     recurrent_state_bytes: int = 2  # bytes per state value (vLLM's mamba_ssm_cache_dtype)
     attention_output_gate: bool = False  # the query projection also gives a gate per head
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
@@ -149,6 +155,11 @@ class ModelSpec:
             "linear_key_head_dim",
             "linear_value_head_dim",
             "linear_conv_kernel",
+            "mamba_heads",
+            "mamba_head_dim",
+            "mamba_state_size",
+            "mamba_groups",
+            "mamba_conv_kernel",
         )
         for key in keys:
             v = getattr(self, key)
@@ -156,15 +167,13 @@ class ModelSpec:
                 raise CostModelError(f"model {self.name!r}: {key} must be an integer >= 0")
         if self.recurrent_layers and not (
             self.recurrent_layers < self.layers
-            and min(self.linear_key_heads, self.linear_value_heads) >= 1
-            and min(self.linear_key_head_dim, self.linear_value_head_dim) >= 1
-            and self.linear_conv_kernel >= 1
+            and min(self._recurrent_shape()) >= 1
             and self.recurrent_state_bytes in (2, 4)
         ):
             raise CostModelError(
-                f"model {self.name!r}: recurrent_layers (gated DeltaNet) must be below layers "
-                f"({self.layers}), with linear key and value heads, head widths and conv kernel "
-                "of at least 1 and a state of 2 or 4 bytes a value"
+                f"model {self.name!r}: recurrent_layers must be below layers ({self.layers}), "
+                "with the gated-DeltaNet (linear_*) or Mamba-2 (mamba_*) heads, widths and "
+                "conv kernel of at least 1 and a state of 2 or 4 bytes a value"
             )
         if self.recurrent_layers and (
             self.sliding_layers or self.window_all_layers or self.latent or self.index_topk
@@ -250,15 +259,31 @@ class ModelSpec:
         gate = q if self.attention_output_gate else 0
         return self.hidden * (q + gate + 2 * kv) + q * self.hidden
 
-    @property
-    def recurrent_params(self) -> int:
-        """One gated-DeltaNet layer's weights: the projections to queries, keys, values, the
-        output gate and each value head's two gates, the convolution, and the output."""
+    def _recurrent_shape(self) -> tuple[int, int, int, int, int, int]:
+        """A recurrent layer's (convolved channels, conv kernel, state heads, each head's state
+        rows and columns, input projection's outputs). Gated DeltaNet: queries and keys
+        (`linear_key_heads` x width) and values convolved; a key-by-value matrix per value head;
+        projections to q, k, v, the output gate z and two gates per value head. Mamba-2: the
+        inner width (heads x head width) and the groups' B and C convolved; a head-width by
+        state-size matrix per head; projections to x, z, B, C and a step size per head."""
+        if self.mamba_heads:
+            inner = self.mamba_heads * self.mamba_head_dim
+            bc = 2 * self.mamba_groups * self.mamba_state_size
+            return (inner + bc, self.mamba_conv_kernel, self.mamba_heads, self.mamba_head_dim,
+                    self.mamba_state_size, 2 * inner + bc + self.mamba_heads)  # fmt: skip
         keys = self.linear_key_heads * self.linear_key_head_dim
         values = self.linear_value_heads * self.linear_value_head_dim
-        projections = self.hidden * (2 * keys + 2 * values + 2 * self.linear_value_heads)
-        conv = (2 * keys + values) * self.linear_conv_kernel
-        return projections + conv + values * self.hidden
+        return (2 * keys + values, self.linear_conv_kernel, self.linear_value_heads,
+                self.linear_key_head_dim, self.linear_value_head_dim,
+                2 * keys + 2 * values + 2 * self.linear_value_heads)  # fmt: skip
+
+    @property
+    def recurrent_params(self) -> int:
+        """One recurrent layer's weights: its input projection, the convolution, and the
+        output projection from the heads' width (`_recurrent_shape`)."""
+        channels, kernel, heads, rows, cols, projected = self._recurrent_shape()
+        width = heads * (self.mamba_head_dim if self.mamba_heads else self.linear_value_head_dim)
+        return self.hidden * projected + channels * kernel + width * self.hidden
 
     @property
     def mixer_params(self) -> int:
@@ -426,15 +451,18 @@ class ModelSpec:
         )
 
     def recurrent_state_per_layer(self, tp: int = 1) -> int:
-        """One request's state in one gated-DeltaNet layer on one of `tp` GPUs (split by heads,
-        as vLLM splits it): the convolution's last kernel - 1 inputs, 16-bit, and each value
-        head's key-by-value matrix."""
-        keys = self.linear_key_heads * self.linear_key_head_dim
-        channels = (2 * keys + self.linear_value_heads * self.linear_value_head_dim) // tp
-        conv = channels * (self.linear_conv_kernel - 1) * self.dtype_bytes
-        heads = self.linear_value_heads // tp
-        matrix = self.linear_key_head_dim * self.linear_value_head_dim
-        return conv + heads * matrix * self.recurrent_state_bytes
+        """One request's state in one recurrent layer on one of `tp` GPUs (split by heads, as
+        vLLM splits it; Mamba-2's groups kept whole on every GPU where fewer than the GPUs): the
+        convolution's last kernel - 1 inputs, 16-bit, and each head's state matrix."""
+        channels, kernel, heads, rows, cols, _ = self._recurrent_shape()
+        if self.mamba_heads:
+            inner = self.mamba_heads * self.mamba_head_dim
+            groups = max(1, self.mamba_groups // tp)
+            per_gpu = inner // tp + 2 * groups * self.mamba_state_size
+        else:
+            per_gpu = channels // tp
+        conv = per_gpu * (kernel - 1) * self.dtype_bytes
+        return conv + heads // tp * rows * cols * self.recurrent_state_bytes
 
     @property
     def recurrent_state(self) -> int:
@@ -443,14 +471,12 @@ class ModelSpec:
 
     @property
     def recurrent_token_flops(self) -> int:
-        """FLOPs one token costs the recurrent layers beyond their projections: per value head,
-        reading the key-by-value state, the delta rule's correction and update, and the output
-        (about 6 x key width x value width), and the convolution."""
-        keys = self.linear_key_heads * self.linear_key_head_dim
-        channels = 2 * keys + self.linear_value_heads * self.linear_value_head_dim
-        matrix = self.linear_key_head_dim * self.linear_value_head_dim
-        per_layer = 6 * self.linear_value_heads * matrix + 2 * channels * self.linear_conv_kernel
-        return self.recurrent_layers * per_layer
+        """FLOPs one token costs the recurrent layers beyond their projections: per head, about
+        6 x its state's size (DeltaNet: reading the state, the delta rule's correction and
+        update, the output; Mamba-2: the decay and update, the output, the chunked scan's
+        share), and the convolution."""
+        channels, kernel, heads, rows, cols, _ = self._recurrent_shape()
+        return self.recurrent_layers * (6 * heads * rows * cols + 2 * channels * kernel)
 
     def state_groups(self) -> int | None:
         """The block groups vLLM's hybrid allocator gives the recurrent layers' states, each

@@ -14,7 +14,9 @@ DeepSeek's latent attention (`kv_lora_rank`, `q_lora_rank`, the heads' `qk_nope_
 Llama 4's chunked layers (`attention_chunk_size`, `no_rope_layers`); gated-DeltaNet layers
 (Qwen3-Next, Qwen3.5: `linear_attention` in `layer_types`, or all but every
 `full_attention_interval`-th layer; `linear_num_key_heads`, `linear_num_value_heads`, their
-widths, `linear_conv_kernel_dim`, `mamba_ssm_dtype`);
+widths, `linear_conv_kernel_dim`, `mamba_ssm_dtype`) and Granite 4.0-H's Mamba-2 layers
+(`mamba` in `layer_types`, `mamba_n_heads`, `mamba_d_head`, `mamba_d_state`, `mamba_n_groups`,
+`mamba_d_conv`);
 `tie_word_embeddings`; a two-matrix MLP for the families that have one (`PLAIN_MLP`); the
 weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
@@ -185,7 +187,11 @@ def model_from_hf_config(
         c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0
     )
     moe_width = c.get("moe_intermediate_size") if experts else None
-    dense_width = c.get("intermediate_size_mlp") or need("intermediate_size")
+    mamba = str(c.get("model_type")) in MAMBA_TYPES
+    if mamba and not experts:  # Granite 4.0-H's dense MLP is its "shared" one
+        dense_width = need("shared_intermediate_size")
+    else:
+        dense_width = c.get("intermediate_size_mlp") or need("intermediate_size")
     if experts and c.get("intermediate_size_mlp"):  # Llama 4: experts use intermediate_size
         moe_width = moe_width or need("intermediate_size")
     step = int(c.get("interleave_moe_layer_step") or 1) if experts else 1
@@ -200,7 +206,11 @@ def model_from_hf_config(
     kinds = attention_layers(c, name)
     sliding = sum(kind == "sliding_attention" for kind in kinds)
     chunked = sum(kind == "chunked_attention" for kind in kinds)
-    recurrent = sum(kind == "linear_attention" for kind in kinds)
+    recurrent = sum(kind in ("linear_attention", "mamba") for kind in kinds)
+    mamba_layers = "mamba" in kinds
+    deltanet = "linear_attention" in kinds
+    if mamba_layers and deltanet:
+        raise CostModelError(f"{name}: config.json has both mamba and linear_attention layers")
     if sliding and chunked:
         raise CostModelError(
             f"{name}: config.json has both sliding_attention and chunked_attention layers: "
@@ -208,11 +218,12 @@ def model_from_hf_config(
         )
     every_layer = sliding == layers  # every layer slides: a window over the whole model
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
-    if experts and (c.get("shared_expert_intermediate_size") or "interleave_moe_layer_step" in c):
-        shared = max(shared, 1)  # Qwen2-MoE's and every Llama 4 MoE layer's shared expert
-        width = c.get("shared_expert_intermediate_size") or 0
+    # Qwen2-MoE's and Granite 4.0-H's shared expert, and every Llama 4 MoE layer's
+    width = c.get("shared_expert_intermediate_size") or c.get("shared_intermediate_size") or 0
+    if experts and (width or "interleave_moe_layer_step" in c):
+        shared = max(shared, 1)
         expert_width = moe_width or dense_width
-        if width > expert_width and width % expert_width == 0:  # Qwen2-MoE's: 8 experts wide
+        if width > expert_width and width % expert_width == 0:  # Qwen2-57B-A14B's: 8 wide
             shared = width // expert_width
     # like vLLM's --dtype, a 16-bit dtype leaves a quantized checkpoint quantized; a quantized
     # one chooses the weights' format (as --quantization fp8 quantizes a 16-bit checkpoint)
@@ -256,11 +267,12 @@ def model_from_hf_config(
         index_heads=int(need("index_n_heads")) if topk else 0,
         index_head_dim=int(need("index_head_dim")) if topk else 0,
         recurrent_layers=recurrent,
-        linear_key_heads=int(need("linear_num_key_heads")) if recurrent else 0,
-        linear_value_heads=int(need("linear_num_value_heads")) if recurrent else 0,
-        linear_key_head_dim=int(need("linear_key_head_dim")) if recurrent else 0,
-        linear_value_head_dim=int(need("linear_value_head_dim")) if recurrent else 0,
-        linear_conv_kernel=int(need("linear_conv_kernel_dim")) if recurrent else 0,
+        linear_key_heads=int(need("linear_num_key_heads")) if deltanet else 0,
+        linear_value_heads=int(need("linear_num_value_heads")) if deltanet else 0,
+        linear_key_head_dim=int(need("linear_key_head_dim")) if deltanet else 0,
+        linear_value_head_dim=int(need("linear_value_head_dim")) if deltanet else 0,
+        linear_conv_kernel=int(need("linear_conv_kernel_dim")) if deltanet else 0,
+        **(mamba_fields(c, need, hidden) if mamba_layers else {}),
         recurrent_state_bytes=state_bytes(c, name) if recurrent else 2,
         attention_output_gate=bool(c.get("attn_output_gate", False)),
         sliding_layers=chunked or (0 if every_layer else sliding),
@@ -302,6 +314,26 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# the families whose Mamba-2 layers fairsim reads (their fields' names, each layer a mixer and
+# an MLP): Granite 4.0-H
+MAMBA_TYPES = frozenset({"granitemoehybrid"})
+
+
+def mamba_fields(c: dict[str, Any], need: Any, hidden: int) -> dict[str, int]:
+    """The `ModelSpec` fields of Granite 4.0-H's Mamba-2 layers: heads of `mamba_d_head` (else
+    `mamba_expand` x hidden over the heads), a state of `mamba_d_state` per head row,
+    `mamba_n_groups` groups of B and C, a `mamba_d_conv`-wide convolution."""
+    heads = int(need("mamba_n_heads"))
+    width = c.get("mamba_d_head") or int(need("mamba_expand")) * hidden // heads
+    return {
+        "mamba_heads": heads,
+        "mamba_head_dim": int(width),
+        "mamba_state_size": int(need("mamba_d_state")),
+        "mamba_groups": int(c.get("mamba_n_groups") or 1),
+        "mamba_conv_kernel": int(need("mamba_d_conv")),
+    }
+
+
 def state_bytes(c: dict[str, Any], name: str) -> int:
     """Bytes per value of a recurrent layer's state: the config's `mamba_ssm_dtype` (Qwen3.5
     keeps it float32), else the model's 16 bits, as vLLM's mamba_ssm_cache_dtype=auto does."""
@@ -329,8 +361,8 @@ def layer_types(c: dict[str, Any]) -> list[str]:
     `use_sliding_window` those from `max_window_layers` on (none when it is false, its config
     class's default). Else every layer attends to the whole context."""
     kinds = c.get("layer_types")
-    if kinds is not None:
-        return list(kinds)
+    if kinds is not None:  # (Granite 4.0-H names full attention "attention")
+        return ["full_attention" if kind == "attention" else kind for kind in kinds]
     every = int(c.get("num_hidden_layers") or 0)
     interval = c.get("full_attention_interval")
     if interval:  # Qwen3-Next, Qwen3.5: every interval-th layer attention, the others DeltaNet
@@ -386,12 +418,13 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
     (`UNMODELLED_ATTENTION`), is a one-line error rather than a KV pool and step times computed
     as if every layer kept a plain KV per token."""
     not_modelled = (
-        "fairsim models attention and gated-DeltaNet layers only (accepted layer_types: "
-        f"{', '.join(ATTENTION_KINDS)}); other state-space and linear-attention layers are not "
-        "modelled"
+        "fairsim models attention and gated-DeltaNet layers, and Granite 4.0-H's Mamba-2, only "
+        f"(accepted layer_types: {', '.join(ATTENTION_KINDS)}); other state-space and "
+        "linear-attention layers are not modelled"
     )
+    mamba = str(c.get("model_type")) in MAMBA_TYPES  # Mamba-2 layers fairsim reads
     for key in RECURRENT_FIELDS:
-        if c.get(key) is not None:
+        if c.get(key) is not None and not (mamba and key == "mamba_d_state"):
             raise CostModelError(f"{name}: config.json has {key}: {not_modelled}")
     for key, what in UNMODELLED_ATTENTION.items():
         value = c.get(key)
@@ -403,7 +436,7 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
                 "sliding-window, chunked, latent and DeepSeek-V3.2's sparse attention"
             )
     kinds = layer_types(c)
-    other = sorted(set(kinds) - set(ATTENTION_KINDS))
+    other = sorted(set(kinds) - set(ATTENTION_KINDS) - ({"mamba"} if mamba else set()))
     if other:
         raise CostModelError(f"{name}: config.json layer_types has {other}: {not_modelled}")
     if c.get("linear_num_value_heads") is not None and "linear_attention" not in kinds:
@@ -426,7 +459,8 @@ INTEGER_FIELDS = (
     "max_window_layers", "attention_chunk_size", "no_rope_layer_interval", "index_topk",
     "index_n_heads", "index_head_dim", "full_attention_interval", "linear_num_key_heads",
     "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-    "linear_conv_kernel_dim",
+    "linear_conv_kernel_dim", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
+    "mamba_d_conv", "mamba_expand", "shared_intermediate_size",
 )  # fmt: skip
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")

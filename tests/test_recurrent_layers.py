@@ -46,6 +46,20 @@ QWEN3_8_27B = {
     },
 }  # fmt: skip
 
+# ibm-granite/granite-4.0-h-small's config.json (the fields read): 40 layers, 4 of them
+# attention ("attention"), 36 Mamba-2 ("mamba": 128 heads of 64, a 128-wide state, one group,
+# a 4-wide convolution), every layer a MoE of 72 experts of 768 (10 active) and a shared one
+# of 1,536
+GRANITE_4_H_SMALL = {
+    "model_type": "granitemoehybrid", "hidden_size": 4096, "num_hidden_layers": 40,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 72,
+    "num_experts_per_tok": 10, "intermediate_size": 768, "shared_intermediate_size": 1536,
+    "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1,
+    "mamba_d_conv": 4, "mamba_expand": 2, "vocab_size": 100352, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "layer_types": (["mamba"] * 5 + ["attention"] + ["mamba"] * 4) * 4,
+}  # fmt: skip
+
 
 def qwen3_next(**changes: object):
     return dataclasses.replace(model_from_hf_config(QWEN3_NEXT, "qwen3-next"), **changes)
@@ -168,3 +182,29 @@ def test_what_vllm_cannot_do_with_recurrent_layers_is_refused_by_name():
 def test_a_hybrid_config_missing_what_it_needs_is_an_error_naming_it(change, named):
     with pytest.raises(CostModelError, match=f"^m: config.json .*{named}"):
         model_from_hf_config({**QWEN3_NEXT, **change}, "m")
+
+
+def test_granite_4_h_reads_its_mamba_2_layers_with_its_published_size():
+    m = model_from_hf_config(GRANITE_4_H_SMALL, "granite-4.0-h-small")
+    assert (m.recurrent_layers, m.attention_layers, m.shared_experts) == (36, 4, 2)
+    # IBM's model card: 32B parameters, 9B active
+    assert m.params == pytest.approx(32e9, rel=0.01)
+    assert m.layer_params * m.layers + m.vocab * m.hidden == pytest.approx(9e9, rel=0.03)
+    # a Mamba-2 layer: x and z (128 x 64 each), B and C (128 each), a step size per head in;
+    # the convolution over x, B and C; the output from 8,192
+    inner = 128 * 64
+    assert (
+        m.recurrent_params == 4096 * (2 * inner + 2 * 128 + 128) + (inner + 256) * 4 + inner * 4096
+    )
+    # its state: the convolution's last 3 inputs, 128 heads' 64 x 128 matrices, 16-bit
+    assert m.recurrent_state_per_layer() == (inner + 256) * 3 * 2 + 128 * 64 * 128 * 2
+    # groups of 4 layers (the attention ones): 9 of Mamba-2 layers; blocks of 528 tokens
+    assert m.state_groups() == 9 and m.state_block_size(1, 16) == 528
+    cost = FittedCost(model=m, gpu="h100")
+    t = random_trace(7, 60, 2, max_prompt=3000, max_output=200, rate=20.0)
+    runs = [
+        simulate(t, FCFS(), cost, VLLMConfig(pool_tokens=30_000, fast_forward=ff))
+        for ff in (True, False)
+    ]
+    assert runs[0].token_times()[2].tolist() == runs[1].token_times()[2].tolist()
+    assert runs[0].info["block_size"] == 528 and (runs[0].status == 0).all()

@@ -145,17 +145,17 @@ SMALL = {
     [
         ({"attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period"),  # Jamba
         ({"hybrid_override_pattern": "M-M-M*-M"}, "hybrid_override_pattern"),  # Nemotron-H
-        ({"layer_types": ["mamba", "attention"]}, "mamba"),  # Granite 4.0-H
+        ({"layer_types": ["mamba", "attention"]}, "mamba"),  # Mamba layers outside Granite 4.0-H
         ({"layer_types": ["conv", "full_attention"]}, "conv"),  # LFM2
         ({"mamba_d_state": 256}, "mamba_d_state"),  # Falcon-H1, Bamba
     ],
-    ids=["jamba", "nemotron-h", "granite-h", "lfm2", "falcon-h1"],
+    ids=["jamba", "nemotron-h", "mamba-elsewhere", "lfm2", "falcon-h1"],
 )
 def test_models_with_state_space_or_linear_attention_layers_are_refused_by_name(extra, named):
     """Such layers keep a fixed-size state, not a KV per token: read as attention, the pool
     and the step times would be wrong without a word (gated DeltaNet's, which fairsim reads:
     tests/test_recurrent_layers.py)."""
-    with pytest.raises(CostModelError, match=f"m: config.json .*{named}.*DeltaNet layers only"):
+    with pytest.raises(CostModelError, match=f"m: config.json .*{named}.*Mamba-2, only"):
         model_from_hf_config({**SMALL, **extra}, "m")
 
 
