@@ -136,8 +136,8 @@ class FittedCost(RooflineCost):
         calls = 0.0
         if tp > 1:
             link = g.allreduce_bandwidth(tp)
-            ring = 2 * m.layers * 2.0 * (tp - 1) / tp * t * m.hidden * 2 / link
-            calls = float(2 * m.layers)
+            ring = m.allreduces * 2.0 * (tp - 1) / tp * t * m.hidden * 2 / link
+            calls = float(m.allreduces)
         ones = np.ones_like(t)
         return np.column_stack([weights, beyond, attention, ring, calls * ones, r, ones])
 

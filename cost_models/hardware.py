@@ -63,7 +63,10 @@ class ModelSpec:
     `recurrent_state_bytes` each, and a convolution's last kernel - 1 inputs; vLLM pages that
     state in blocks of the attention layers' page size (`state_groups`, `state_block_size`),
     and a step reads and writes every request's state once. `attention_output_gate`: the
-    attention layers' query projection also gives a gate per head (Qwen3-Next, Qwen3.5)."""
+    attention layers' query projection also gives a gate per head (Qwen3-Next, Qwen3.5).
+    Nemotron-H's layers are one block each, a mixer (attention or Mamba-2) or an MLP (dense or
+    MoE): `mixer_only_layers` and `mlp_only_layers` count them, `moe_layer_count` its MoE ones;
+    a tensor-parallel step then all-reduces once per such layer, not twice."""
 
     name: str
     layers: int
@@ -107,6 +110,11 @@ class ModelSpec:
     mamba_groups: int = 1
     mamba_conv_kernel: int = 0
     recurrent_state_bytes: int = 2  # bytes per state value (vLLM's mamba_ssm_cache_dtype)
+    # layers of one block each (Nemotron-H): a token mixer alone, or an MLP alone (else every
+    # layer is a mixer and an MLP), and how many of the MLPs are MoE (0: from the fields above)
+    mixer_only_layers: int = 0
+    mlp_only_layers: int = 0
+    moe_layer_count: int = 0
     attention_output_gate: bool = False  # the query projection also gives a gate per head
     expert_bytes: float = 0.0  # bytes per routed-expert weight where narrower (0: linear_bytes)
     linear_bytes: float = 0.0  # bytes per decoder-layer linear weight (0: dtype_bytes)
@@ -160,11 +168,25 @@ class ModelSpec:
             "mamba_state_size",
             "mamba_groups",
             "mamba_conv_kernel",
+            "mixer_only_layers",
+            "mlp_only_layers",
+            "moe_layer_count",
         )
         for key in keys:
             v = getattr(self, key)
             if int(v) != v or v < 0:
                 raise CostModelError(f"model {self.name!r}: {key} must be an integer >= 0")
+        mixers = self.layers - self.mlp_only_layers - self.recurrent_layers - self.sliding_layers
+        if (self.mixer_only_layers or self.mlp_only_layers) and not (
+            mixers >= 1
+            and self.mixer_only_layers + self.mlp_only_layers <= self.layers
+            and self.moe_layer_count <= self.layers - self.mixer_only_layers
+        ):
+            raise CostModelError(
+                f"model {self.name!r}: mixer_only_layers + mlp_only_layers must be at most "
+                f"layers ({self.layers}) and leave an attention layer, moe_layer_count at most "
+                "the layers with an MLP"
+            )
         if self.recurrent_layers and not (
             self.recurrent_layers < self.layers
             and min(self._recurrent_shape()) >= 1
@@ -287,14 +309,27 @@ class ModelSpec:
 
     @property
     def mixer_params(self) -> int:
-        """The token mixers' weights over every layer: attention's, or gated DeltaNet's."""
-        attention = self.attention_params * (self.layers - self.recurrent_layers)
+        """The token mixers' weights over every layer: attention's, or the recurrent ones'."""
+        mixers = self.layers - self.recurrent_layers - self.mlp_only_layers
+        attention = self.attention_params * mixers
         return attention + self.recurrent_params * self.recurrent_layers
 
     @property
     def attention_layers(self) -> int:
-        """Layers attending to the whole context (not a sliding window, not recurrent)."""
-        return self.layers - self.sliding_layers - self.recurrent_layers
+        """Layers attending to the whole context (not a sliding window, not recurrent, not an
+        MLP alone)."""
+        return self.layers - self.sliding_layers - self.recurrent_layers - self.mlp_only_layers
+
+    @property
+    def _composed(self) -> bool:
+        """Whether layers differ in their mixer or lack a mixer or an MLP (the weights are then
+        summed kind by kind: `mixer_params`, `_mlps`)."""
+        return bool(self.recurrent_layers or self.mixer_only_layers or self.mlp_only_layers)
+
+    @property
+    def allreduces(self) -> int:
+        """Tensor-parallel all-reduces per step: one after each mixer and each MLP."""
+        return 2 * self.layers - self.mixer_only_layers - self.mlp_only_layers
 
     @property
     def pair_flops(self) -> int:
@@ -321,6 +356,8 @@ class ModelSpec:
 
     @property
     def moe_layers(self) -> int:
+        if self.moe_layer_count:
+            return self.moe_layer_count
         return (self.layers - self.dense_layers_first) // self.moe_layer_step if self.experts else 0
 
     @property
@@ -328,7 +365,7 @@ class ModelSpec:
         """The matrix-product weights one token goes through in a layer, on average over the
         layers (attention and MLP; for MoE the active experts, the shared ones and the
         router). For a dense model: every weight of a layer."""
-        if self.recurrent_layers:  # the mixers differ from layer to layer
+        if self._composed:  # the layers differ in their mixers or lack one part
             experts = self.experts_per_token + self.shared_experts
             return (self.mixer_params + self._mlps(experts)) // self.layers
         if not self.experts:
@@ -341,7 +378,7 @@ class ModelSpec:
     @property
     def stored_layer_params(self) -> int:
         """Every weight of the decoder layers, summed over the layers."""
-        if self.recurrent_layers:
+        if self._composed:
             return self.mixer_params + self._mlps(self.experts + self.shared_experts)
         if not self.experts:
             return self.layers * self.layer_params
@@ -356,12 +393,12 @@ class ModelSpec:
         uniform routing (E (1 - (1 - k/E)^T) of E experts)."""
         t = np.asarray(tokens, dtype=np.float64)
         if not self.experts:
-            if self.recurrent_layers:
+            if self._composed:
                 return np.full_like(t, self.stored_layer_params * self.linear_width)
             return np.full_like(t, self.layers * self.layer_params * self.linear_width)
         e, k = self.experts, self.experts_per_token
         touched = e * (1.0 - (1.0 - k / e) ** np.maximum(t, 1.0))
-        if self.recurrent_layers:
+        if self._composed:
             params = self.mixer_params + self._mlps(touched + self.shared_experts)
             return self._weight_bytes_read(params, touched)
         moe = (
@@ -381,13 +418,14 @@ class ModelSpec:
         return params * self.linear_width
 
     def _mlps(self, experts: Any) -> Any:
-        """The MLP weights over every layer with `experts` experts per MoE layer (and its
-        router): the dense layers' MLP elsewhere."""
+        """The MLP weights over every layer with an MLP, with `experts` experts per MoE layer
+        (and its router): the dense layers' MLP elsewhere."""
         dense = self._mlp_params(self.intermediate)
+        with_mlp = self.layers - self.mixer_only_layers
         if not self.experts:
-            return self.layers * dense
+            return with_mlp * dense
         moe = experts * self.expert_params + self.hidden * self.experts
-        return self.moe_layers * moe + (self.layers - self.moe_layers) * dense
+        return self.moe_layers * moe + (with_mlp - self.moe_layers) * dense
 
     @property
     def params(self) -> int:

@@ -16,7 +16,8 @@ Llama 4's chunked layers (`attention_chunk_size`, `no_rope_layers`); gated-Delta
 `full_attention_interval`-th layer; `linear_num_key_heads`, `linear_num_value_heads`, their
 widths, `linear_conv_kernel_dim`, `mamba_ssm_dtype`) and Granite 4.0-H's Mamba-2 layers
 (`mamba` in `layer_types`, `mamba_n_heads`, `mamba_d_head`, `mamba_d_state`, `mamba_n_groups`,
-`mamba_d_conv`);
+`mamba_d_conv`), and Nemotron-H's one-block layers (`hybrid_override_pattern`: Mamba-2,
+attention, MLP, experts);
 `tie_word_embeddings`; a two-matrix MLP for the families that have one (`PLAIN_MLP`); the
 weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
@@ -207,6 +208,12 @@ def model_from_hf_config(
     sliding = sum(kind == "sliding_attention" for kind in kinds)
     chunked = sum(kind == "chunked_attention" for kind in kinds)
     recurrent = sum(kind in ("linear_attention", "mamba") for kind in kinds)
+    mlp_only = sum(kind in ("mlp", "moe") for kind in kinds)  # Nemotron-H's blocks
+    moe_blocks = sum(kind == "moe" for kind in kinds)
+    if kinds and len(kinds) != layers:
+        raise CostModelError(
+            f"{name}: config.json names {len(kinds)} layers' kinds for num_hidden_layers={layers}"
+        )
     mamba_layers = "mamba" in kinds
     deltanet = "linear_attention" in kinds
     if mamba_layers and deltanet:
@@ -219,7 +226,12 @@ def model_from_hf_config(
     every_layer = sliding == layers  # every layer slides: a window over the whole model
     shared = int(c.get("num_shared_experts") or c.get("n_shared_experts") or 0)
     # Qwen2-MoE's and Granite 4.0-H's shared expert, and every Llama 4 MoE layer's
-    width = c.get("shared_expert_intermediate_size") or c.get("shared_intermediate_size") or 0
+    width = (
+        c.get("shared_expert_intermediate_size")
+        or c.get("shared_intermediate_size")  # Granite 4.0-H
+        or c.get("moe_shared_expert_intermediate_size")  # Nemotron-H
+        or 0
+    )
     if experts and (width or "interleave_moe_layer_step" in c):
         shared = max(shared, 1)
         expert_width = moe_width or dense_width
@@ -275,6 +287,9 @@ def model_from_hf_config(
         **(mamba_fields(c, need, hidden) if mamba_layers else {}),
         recurrent_state_bytes=state_bytes(c, name) if recurrent else 2,
         attention_output_gate=bool(c.get("attn_output_gate", False)),
+        mixer_only_layers=layers - mlp_only if mlp_only else 0,
+        mlp_only_layers=mlp_only,
+        moe_layer_count=moe_blocks,
         sliding_layers=chunked or (0 if every_layer else sliding),
         sliding_window=(
             int(need("attention_chunk_size"))
@@ -314,23 +329,28 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-# the families whose Mamba-2 layers fairsim reads (their fields' names, each layer a mixer and
-# an MLP): Granite 4.0-H
-MAMBA_TYPES = frozenset({"granitemoehybrid"})
+# the families whose Mamba-2 layers fairsim reads: Granite 4.0-H (each layer a mixer and an
+# MLP) and Nemotron-H (each layer one block of its `hybrid_override_pattern`)
+MAMBA_TYPES = frozenset({"granitemoehybrid", "nemotron_h"})
+# Nemotron-H's blocks: Mamba-2, attention, a dense MLP, a mixture of experts
+NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 
 def mamba_fields(c: dict[str, Any], need: Any, hidden: int) -> dict[str, int]:
-    """The `ModelSpec` fields of Granite 4.0-H's Mamba-2 layers: heads of `mamba_d_head` (else
-    `mamba_expand` x hidden over the heads), a state of `mamba_d_state` per head row,
-    `mamba_n_groups` groups of B and C, a `mamba_d_conv`-wide convolution."""
-    heads = int(need("mamba_n_heads"))
-    width = c.get("mamba_d_head") or int(need("mamba_expand")) * hidden // heads
+    """The `ModelSpec` fields of Mamba-2 layers: heads of `mamba_d_head` (else `mamba_expand`
+    x hidden over the heads), a state of `mamba_d_state` per head row, `mamba_n_groups` groups
+    of B and C, a `mamba_d_conv`-wide convolution (Granite 4.0-H's names; Nemotron-H's:
+    `mamba_num_heads`, `mamba_head_dim`, `ssm_state_size`, `n_groups`, `conv_kernel`)."""
+    heads = int(need("mamba_n_heads", "mamba_num_heads"))
+    width = c.get("mamba_d_head") or c.get("mamba_head_dim")
+    if not width:
+        width = int(need("mamba_expand", "expand")) * hidden // heads
     return {
         "mamba_heads": heads,
         "mamba_head_dim": int(width),
-        "mamba_state_size": int(need("mamba_d_state")),
-        "mamba_groups": int(c.get("mamba_n_groups") or 1),
-        "mamba_conv_kernel": int(need("mamba_d_conv")),
+        "mamba_state_size": int(need("mamba_d_state", "ssm_state_size")),
+        "mamba_groups": int(c.get("mamba_n_groups") or c.get("n_groups") or 1),
+        "mamba_conv_kernel": int(need("mamba_d_conv", "conv_kernel")),
     }
 
 
@@ -348,8 +368,8 @@ def state_bytes(c: dict[str, Any], name: str) -> int:
 
 # the families whose MLP is two matrices (up, an activation, down) rather than gated (SwiGLU,
 # GeGLU: up, gate and down), as their transformers and vLLM modules build it: StarCoder2,
-# GPT-NeoX (Pythia), Nemotron and Minitron (squared ReLU), Phi-1/2, Persimmon
-PLAIN_MLP = frozenset({"starcoder2", "gpt_neox", "nemotron", "phi", "persimmon"})
+# GPT-NeoX (Pythia), Nemotron, Minitron and Nemotron-H (squared ReLU), Phi-1/2, Persimmon
+PLAIN_MLP = frozenset({"starcoder2", "gpt_neox", "nemotron", "nemotron_h", "phi", "persimmon"})
 
 
 def layer_types(c: dict[str, Any]) -> list[str]:
@@ -360,6 +380,9 @@ def layer_types(c: dict[str, Any]) -> list[str]:
     `sliding_window`: every layer slides (Mistral 7B v0.1, Phi-3 4k), or with Qwen2's
     `use_sliding_window` those from `max_window_layers` on (none when it is false, its config
     class's default). Else every layer attends to the whole context."""
+    pattern = c.get("hybrid_override_pattern")
+    if str(c.get("model_type")) == "nemotron_h" and isinstance(pattern, str):
+        return [NEMOTRON_H_BLOCKS.get(block, block) for block in pattern]
     kinds = c.get("layer_types")
     if kinds is not None:  # (Granite 4.0-H names full attention "attention")
         return ["full_attention" if kind == "attention" else kind for kind in kinds]
@@ -418,13 +441,15 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
     (`UNMODELLED_ATTENTION`), is a one-line error rather than a KV pool and step times computed
     as if every layer kept a plain KV per token."""
     not_modelled = (
-        "fairsim models attention and gated-DeltaNet layers, and Granite 4.0-H's Mamba-2, only "
+        "fairsim models attention and gated-DeltaNet layers, and Granite 4.0-H's and "
+        "Nemotron-H's Mamba-2, only "
         f"(accepted layer_types: {', '.join(ATTENTION_KINDS)}); other state-space and "
         "linear-attention layers are not modelled"
     )
     mamba = str(c.get("model_type")) in MAMBA_TYPES  # Mamba-2 layers fairsim reads
+    read = {"mamba_d_state", "ssm_state_size", "hybrid_override_pattern"} if mamba else set()
     for key in RECURRENT_FIELDS:
-        if c.get(key) is not None and not (mamba and key == "mamba_d_state"):
+        if c.get(key) is not None and key not in read:
             raise CostModelError(f"{name}: config.json has {key}: {not_modelled}")
     for key, what in UNMODELLED_ATTENTION.items():
         value = c.get(key)
@@ -436,7 +461,8 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
                 "sliding-window, chunked, latent and DeepSeek-V3.2's sparse attention"
             )
     kinds = layer_types(c)
-    other = sorted(set(kinds) - set(ATTENTION_KINDS) - ({"mamba"} if mamba else set()))
+    blocks = {"mamba", "mlp", "moe"} if mamba else set()  # (mlp, moe: Nemotron-H's)
+    other = sorted(set(kinds) - set(ATTENTION_KINDS) - blocks)
     if other:
         raise CostModelError(f"{name}: config.json layer_types has {other}: {not_modelled}")
     if c.get("linear_num_value_heads") is not None and "linear_attention" not in kinds:
@@ -460,7 +486,9 @@ INTEGER_FIELDS = (
     "index_n_heads", "index_head_dim", "full_attention_interval", "linear_num_key_heads",
     "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
     "linear_conv_kernel_dim", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
-    "mamba_d_conv", "mamba_expand", "shared_intermediate_size",
+    "mamba_d_conv", "mamba_expand", "shared_intermediate_size", "mamba_num_heads",
+    "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "expand",
+    "moe_shared_expert_intermediate_size",
 )  # fmt: skip
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")

@@ -146,7 +146,7 @@ class RooflineCost:
         m, g = self.model_spec, self.gpu_spec
         data = np.asarray(tokens, dtype=np.float64) * m.hidden * 2  # activations stay 16-bit
         ring = 2.0 * (self.tp - 1) / self.tp * data / g.allreduce_bandwidth(self.tp)
-        return 2 * m.layers * (self.allreduce_latency + ring)
+        return m.allreduces * (self.allreduce_latency + ring)
 
     def token_level_time(self, tokens: float | np.ndarray) -> np.ndarray:
         """Everything that scales with the step's tokens alone (the matrix products)."""

@@ -60,6 +60,21 @@ GRANITE_4_H_SMALL = {
     "layer_types": (["mamba"] * 5 + ["attention"] + ["mamba"] * 4) * 4,
 }  # fmt: skip
 
+# Nemotron 3 Nano 30B-A3B: 52 one-block layers (M Mamba-2, * attention, E mixture of experts),
+# attention and Mamba-2 fields as its config.json gives them (vLLM's paging of it traced in the
+# apron project's tests), its MoE as NVIDIA describes it: 128 experts of 1,856, 6 active, a
+# shared one of 3,712, squared-ReLU MLPs
+NEMOTRON_3_NANO = {
+    "model_type": "nemotron_h",
+    "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    "num_hidden_layers": 52, "hidden_size": 2688, "num_attention_heads": 32,
+    "num_key_value_heads": 2, "head_dim": 128, "mamba_num_heads": 64, "mamba_head_dim": 64,
+    "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "mamba_ssm_cache_dtype": "float32",
+    "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712, "intermediate_size": 1856,
+    "vocab_size": 131072, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
 
 def qwen3_next(**changes: object):
     return dataclasses.replace(model_from_hf_config(QWEN3_NEXT, "qwen3-next"), **changes)
@@ -177,6 +192,7 @@ def test_what_vllm_cannot_do_with_recurrent_layers_is_refused_by_name():
         ({"linear_conv_kernel_dim": None}, "has no linear_conv_kernel_dim"),
         ({"mamba_ssm_dtype": "int4"}, "mamba_ssm_dtype='int4'; accepted: float32"),
         ({"layer_types": ["mamba"] * 48}, "layer_types has \\['mamba'\\]"),
+        ({"layer_types": ["linear_attention"] * 47}, "names 47 layers' kinds for num_hidden_lay"),
     ],
 )
 def test_a_hybrid_config_missing_what_it_needs_is_an_error_naming_it(change, named):
@@ -208,3 +224,33 @@ def test_granite_4_h_reads_its_mamba_2_layers_with_its_published_size():
     ]
     assert runs[0].token_times()[2].tolist() == runs[1].token_times()[2].tolist()
     assert runs[0].info["block_size"] == 528 and (runs[0].status == 0).all()
+
+
+def test_nemotron_h_reads_its_one_block_layers_and_pages_its_state_as_vllm_does():
+    m = model_from_hf_config(NEMOTRON_3_NANO, "nemotron-3-nano")
+    # 23 Mamba-2 and 6 attention blocks with no MLP, 23 MoE blocks with no mixer
+    assert (m.recurrent_layers, m.attention_layers) == (23, 6)
+    assert (m.mixer_only_layers, m.mlp_only_layers, m.moe_layers) == (29, 23, 23)
+    assert not m.gated_mlp and m.shared_experts == 2
+    # NVIDIA's figures: 31.6B parameters, 3.2B active (without the embeddings)
+    assert m.params == pytest.approx(31.6e9, rel=0.005)
+    assert m.layer_params * m.layers + m.vocab * m.hidden == pytest.approx(3.2e9, rel=0.03)
+    assert m.allreduces == 52  # one all-reduce after each block, not two per layer
+    # its state: the convolution over x (64 x 64) and 8 groups' B and C (128 each), 16-bit;
+    # 64 heads' 64 x 128 matrices in float32
+    assert m.recurrent_state_per_layer() == (4096 + 2 * 8 * 128) * 3 * 2 + 64 * 64 * 128 * 4
+    # vLLM's paging: blocks of 2,096 tokens, groups of 6 layers (4 of Mamba-2); a 262,144-token
+    # request holds 126 attention blocks and 4 state pages, 1,674,117,120 bytes: vLLM 0.29's
+    # 1,725,628,416 less the second page per state group it keeps with prefix caching on
+    cost = RooflineCost(model=m, gpu="h100")
+    cfg = VLLMConfig(pool_tokens=2_000_000).for_cost(cost)
+    blocks = int(cfg.peak_blocks(np.array([262_144]), 1, cost)[0])
+    assert (cfg.block_size, m.state_groups(), blocks) == (2096, 4, 130)
+    assert blocks * 2096 * m.kv_bytes_per_token == 1_725_628_416 - 4 * 2096 * 6144
+    t = random_trace(8, 60, 2, max_prompt=3000, max_output=200, rate=20.0)
+    runs = [
+        simulate(t, FCFS(), FittedCost(model=m, gpu="h100"), VLLMConfig(fast_forward=ff))
+        for ff in (True, False)
+    ]
+    assert runs[0].token_times()[2].tolist() == runs[1].token_times()[2].tolist()
+    assert (runs[0].status == 0).all()
