@@ -518,10 +518,11 @@ class ModelSpec:
 
     def state_groups(self) -> int | None:
         """The block groups vLLM's hybrid allocator gives the recurrent layers' states, each
-        holding one block per running request, or None without recurrent layers. Layers go in
-        groups as large as the smaller kind (`kv_window`): with at least as many recurrent
-        layers as attention ones, as in every such model (Qwen3-Next: 36 and 12), a group is
-        the attention layers, and the states take ceil(recurrent / attention) groups."""
+        holding a page per running request (two with prefix caching on), or None without
+        recurrent layers. Layers go in groups as large as the smaller kind (`kv_window`): with
+        at least as many recurrent layers as attention ones, as in every such model (Qwen3-Next:
+        36 and 12), a group is the attention layers, and the states take
+        ceil(recurrent / attention) groups."""
         if not self.recurrent_layers:
             return None
         return -(-self.recurrent_layers // self.attention_layers)

@@ -263,8 +263,8 @@ class RooflineCost:
         return m.state_block_size(self.tp, block_size) if m.recurrent_layers else block_size
 
     def kv_state_groups(self) -> int | None:
-        """The block groups holding the recurrent layers' states, one block per running
-        request in each (`ModelSpec.state_groups`), or None."""
+        """The block groups holding the recurrent layers' states, a page (two with prefix
+        caching on) per running request in each (`ModelSpec.state_groups`), or None."""
         return self.model_spec.state_groups()
 
     def all_layers_window(self) -> int | None:

@@ -597,27 +597,40 @@ class WindowedBlockPool(BlockPool):
 
 
 class StateBlockPool(WindowedBlockPool):
-    """The block pool of a model with recurrent layers (Qwen3-Next, Qwen3.5: gated DeltaNet):
-    besides its attention blocks, a running request holds one block in each of `groups` state
-    groups from its admission to its end, as vLLM's hybrid allocator keeps a request's
-    recurrent state (one page per group, the block size chosen so that a page holds it:
-    `state_block_size`). The window groups' bookkeeping with a window of one block: a chunk
-    holds no more than decoding does. Prefix caching is off: a hit would need the state at the
-    hit's end, which vLLM (as fairsim) does not keep by default."""
+    """The block pool of a model with recurrent layers (Qwen3-Next, Qwen3.5, Granite 4.0-H,
+    Nemotron-H): besides its attention blocks, a running request holds `pages` blocks in each
+    of `groups` state groups from its admission to its end, as vLLM's hybrid allocator keeps a
+    request's recurrent state (a page per group, the block size chosen so that a page holds
+    it: `state_block_size`; with prefix caching on, vLLM keeps a second page per group, for
+    the state at the last block boundary). The window groups' bookkeeping, the windows a
+    constant count. Prefix hits are not modelled: a hit would need the state where it ends."""
 
-    def __init__(self, num_blocks: int, block_size: int, groups: int, computed: list[int]):
+    def __init__(
+        self, num_blocks: int, block_size: int, groups: int, pages: int, computed: list[int]
+    ) -> None:
         super().__init__(num_blocks, block_size, False, 1, groups, computed)
+        self.pages = pages
 
-    @staticmethod
-    def most_blocks(window: int, block_size: int) -> int:
-        return 1
+    def decoding_blocks(self, full_blocks: int) -> int:
+        return self.groups * self.pages if full_blocks else 0
 
     def _step_blocks(self, computed: int, tokens: int) -> int:
-        return self.groups if tokens > 0 else 0
+        return self.groups * self.pages if tokens > 0 else 0
+
+    def _growth(self, tokens: list[int], steps: int) -> list[int]:
+        """Blocks requests decoding from `tokens[i]` tokens each take at each of the next
+        `steps` steps: attention blocks only (the states' pages are all taken at admission)."""
+        b = self.block_size
+        grown = [0] * (steps + 1)
+        for t in tokens:
+            for f in range((-t) % b + 1, steps + 1, b):  # the steps starting a new block
+                grown[f] += 1
+        return grown
 
     def moved_tokens(self, req: int, tokens: int, hit_blocks: int) -> int:
-        """The attention layers' KV and, in every group, a whole page: the state fills it."""
-        return BlockPool.moved_tokens(self, req, tokens, hit_blocks) + self.groups * self.block_size
+        """The attention layers' KV and, in every group, whole pages: the state fills them."""
+        state = self.groups * self.pages * self.block_size
+        return BlockPool.moved_tokens(self, req, tokens, hit_blocks) + state
 
 
 class ChunkedBlockPool(WindowedBlockPool):

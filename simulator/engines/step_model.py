@@ -148,7 +148,7 @@ def all_layers_window(cost: StepCostModel) -> int | None:
 
 def state_groups(cost: StepCostModel) -> int | None:
     """The block groups holding a model's recurrent layers' states (the cost model's
-    `kv_state_groups`: one block per running request in each), or None."""
+    `kv_state_groups`: a page or two per running request in each), or None."""
     groups = getattr(cost, "kv_state_groups", None)
     return None if groups is None else groups()
 

@@ -230,7 +230,9 @@ class VLLMConfig(EngineKnobs):
                     "recurrent layers (vLLM keeps their state with its hybrid KV cache manager, "
                     "which a KV connector turns off)"
                 )
-            return StateBlockPool(blocks, self.block_size, groups, computed)
+            # with prefix caching, vLLM keeps a second page: the state at the last block boundary
+            pages = 2 if self.enable_prefix_caching else 1
+            return StateBlockPool(blocks, self.block_size, groups, pages, computed)
         window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return BlockPool(blocks, self.block_size, caching, cpu)
@@ -276,8 +278,8 @@ class VLLMConfig(EngineKnobs):
         b = self.block_size
         final = -(-(prompt + output - 1) // b)
         groups = state_groups(self.kv_layout(cost))
-        if groups is not None:  # its state, a block in every group, from its admission
-            return final + groups
+        if groups is not None:  # its state, a page (two with prefix caching) in every group
+            return final + groups * (2 if self.enable_prefix_caching else 1)
         window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return final
@@ -301,7 +303,7 @@ class VLLMConfig(EngineKnobs):
         """A copy in which a lone request of up to `prompt_tokens` prompt tokens and one output
         token always runs (no horizon): for profiling. Prompts are chunked as configured."""
         cfg = self.for_cost(cost)
-        need = -(-(prompt_tokens + 1) // cfg.block_size) + (state_groups(cost) or 0)
+        need = -(-(prompt_tokens + 1) // cfg.block_size) + 2 * (state_groups(cost) or 0)
         blocks = max(cfg.num_blocks(cost), need)
         return dataclasses.replace(cfg, pool_tokens=blocks * cfg.block_size, horizon=None)
 
