@@ -17,7 +17,8 @@ rates (tp GPUs share every term):
   attention counts its indexer's and its top-k's: `sparse_step_shape`; recurrent layers add
   every request's state, read and written);
 - `allreduce`: the tensor-parallel all-reduces' bytes over the link (0 at tp 1);
-- `allreduce_calls`: how many all-reduces (2 per layer at tp > 1): their fixed latency;
+- `allreduce_calls`: how many all-reduces (at tp > 1, one after each mixer and each MLP: 2
+  per layer, 1 per Nemotron-H block): their fixed latency;
 - `requests`: R, the per-request work of the serving loop (sampling, detokenizing, streaming);
 - `step`: 1, the loop's own time per step.
 Step time = sum of coefficient x term. `frontend_latency` is the time a client's request and

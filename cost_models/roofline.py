@@ -9,8 +9,9 @@ the longer of its compute time (FLOPs / (peak * compute_efficiency)) and its mem
   context (`ModelSpec.pair_flops`); the keys' and values' bytes read and the new tokens' written
   (latent attention: its latent, a copy on every GPU);
 - output head: 2 * hidden * vocab FLOPs per sampling request, its weights read once;
-- tensor parallelism (tp GPUs): compute and bytes split tp ways, plus two all-reduces of
-  T * hidden values per layer (ring: 2 (tp - 1) / tp of the data over the link, plus latency);
+- tensor parallelism (tp GPUs): compute and bytes split tp ways, plus an all-reduce of
+  T * hidden values after each mixer and each MLP, two per layer (one per Nemotron-H block;
+  ring: 2 (tp - 1) / tp of the data over the link, plus latency);
 - `step_overhead`: the serving loop's own time per step.
 `model` is a preset name (cost_models/hardware.py) or a Hugging Face config.json (a file or its
 folder); `dtype` is fp16 or bf16 (as vLLM's --dtype: a quantized config.json stays quantized)

@@ -182,6 +182,13 @@ class VLLMConfig(EngineKnobs):
             return self
         return dataclasses.replace(self, block_size=block_size)
 
+    @property
+    def state_pages(self) -> int:
+        """Pages a request of a model with recurrent layers holds in each state group: its
+        state, and with prefix caching on the state at its last block boundary, as vLLM keeps
+        them."""
+        return 2 if self.enable_prefix_caching else 1
+
     def num_blocks(self, cost: StepCostModel) -> int:
         adapted = self.for_cost(cost)
         if adapted is not self:
@@ -216,8 +223,9 @@ class VLLMConfig(EngineKnobs):
     def block_pool(
         self, cost: StepCostModel, cpu: CPUTier | None, computed: list[int]
     ) -> BlockPool:
-        """One replica's pool; a hybrid model's keeps its sliding layers' windows too, and a
-        model whose every layer slides holds a window per request."""
+        """One replica's pool; a hybrid model's keeps its sliding layers' windows too (or its
+        recurrent layers' states), and a model whose every layer slides holds a window per
+        request."""
         adapted = self.for_cost(cost)
         if adapted is not self:
             return adapted.block_pool(cost, cpu, computed)
@@ -230,9 +238,7 @@ class VLLMConfig(EngineKnobs):
                     "recurrent layers (vLLM keeps their state with its hybrid KV cache manager, "
                     "which a KV connector turns off)"
                 )
-            # with prefix caching, vLLM keeps a second page: the state at the last block boundary
-            pages = 2 if self.enable_prefix_caching else 1
-            return StateBlockPool(blocks, self.block_size, groups, pages, computed)
+            return StateBlockPool(blocks, self.block_size, groups, self.state_pages, computed)
         window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return BlockPool(blocks, self.block_size, caching, cpu)
@@ -278,8 +284,8 @@ class VLLMConfig(EngineKnobs):
         b = self.block_size
         final = -(-(prompt + output - 1) // b)
         groups = state_groups(self.kv_layout(cost))
-        if groups is not None:  # its state, a page (two with prefix caching) in every group
-            return final + groups * (2 if self.enable_prefix_caching else 1)
+        if groups is not None:  # its state's pages in every group
+            return final + groups * self.state_pages
         window, whole = self.window(cost), all_layers_window(self.kv_layout(cost))
         if window is None and whole is None:
             return final
@@ -303,7 +309,8 @@ class VLLMConfig(EngineKnobs):
         """A copy in which a lone request of up to `prompt_tokens` prompt tokens and one output
         token always runs (no horizon): for profiling. Prompts are chunked as configured."""
         cfg = self.for_cost(cost)
-        need = -(-(prompt_tokens + 1) // cfg.block_size) + 2 * (state_groups(cost) or 0)
+        state = (state_groups(cost) or 0) * cfg.state_pages
+        need = -(-(prompt_tokens + 1) // cfg.block_size) + state
         blocks = max(cfg.num_blocks(cost), need)
         return dataclasses.replace(cfg, pool_tokens=blocks * cfg.block_size, horizon=None)
 
