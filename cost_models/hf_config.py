@@ -235,7 +235,7 @@ def model_from_hf_config(
     if experts and (width or "interleave_moe_layer_step" in c):
         shared = max(shared, 1)
         expert_width = moe_width or dense_width
-        if width > expert_width and width % expert_width == 0:  # Qwen2-57B-A14B's: 8 wide
+        if 0 < expert_width < width and width % expert_width == 0:  # Qwen2-57B-A14B: 8 wide
             shared = width // expert_width
     # like vLLM's --dtype, a 16-bit dtype leaves a quantized checkpoint quantized; a quantized
     # one chooses the weights' format (as --quantization fp8 quantizes a 16-bit checkpoint)
@@ -359,7 +359,7 @@ def state_bytes(c: dict[str, Any], name: str) -> int:
     keeps it float32), else the model's 16 bits, as vLLM's mamba_ssm_cache_dtype=auto does."""
     dtype = c.get("mamba_ssm_dtype") or c.get("mamba_ssm_cache_dtype") or "bfloat16"
     sizes = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
-    if dtype not in sizes:
+    if not isinstance(dtype, str) or dtype not in sizes:
         raise CostModelError(
             f"{name}: config.json mamba_ssm_dtype={dtype!r}; accepted: {', '.join(sizes)}"
         )
@@ -488,8 +488,9 @@ INTEGER_FIELDS = (
     "linear_conv_kernel_dim", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
     "mamba_d_conv", "mamba_expand", "shared_intermediate_size", "mamba_num_heads",
     "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "expand",
-    "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size",
 )  # fmt: skip
+MOST_LAYERS = 10_000  # far beyond any published model's (DeepSeek-V3: 61, Llama 3.1 405B: 126)
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")
 SCHEME_INTEGER_FIELDS = ("num_bits", "group_size")
 
@@ -511,6 +512,12 @@ def checked_fields(c: dict[str, Any], name: str) -> dict[str, Any]:
     for key in INTEGER_FIELDS:
         if c.get(key) is not None:
             c[key] = integer(c[key], f"{where} {key}")
+    layers = c.get("num_hidden_layers")
+    if layers is not None and not 1 <= layers <= MOST_LAYERS:  # (each layer is listed once)
+        raise CostModelError(f"{where} num_hidden_layers={layers}: from 1 to {MOST_LAYERS}")
+    for key in ("full_attention_interval", "mamba_n_heads", "mamba_num_heads"):
+        if c.get(key) is not None and c[key] < 1:  # (divisors)
+            raise CostModelError(f"{where} {key}={c[key]}: an integer >= 1")
     kinds = c.get("layer_types")
     if kinds is not None and not (
         isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)

@@ -320,6 +320,7 @@ def test_a_malformed_config_json_is_an_error_naming_the_field():
 
 FIELD_VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 10**13), st.floats(), st.text(max_size=3),
+    st.sampled_from(["qwen3_next", "granitemoehybrid", "nemotron_h", "float32", "M*-E"]),
     st.lists(st.sampled_from(["sliding_attention", "full_attention", 3]), max_size=90),
     st.fixed_dictionaries({}, optional={
         "quant_method": st.sampled_from(["awq", "gptq", "fp8", "compressed-tensors", "mxfp4", 5]),
@@ -335,7 +336,11 @@ FIELD_VALUES = st.one_of(
 FIELDS = [*LLAMA_3_1_70B, "head_dim", "num_local_experts", "num_experts_per_tok",
           "moe_intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
           "first_k_dense_replace", "layer_types", "quantization_config", "text_config",
-          "index_topk", "index_n_heads", "index_head_dim"]  # fmt: skip
+          "index_topk", "index_n_heads", "index_head_dim", "full_attention_interval",
+          "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+          "linear_value_head_dim", "linear_conv_kernel_dim", "mamba_ssm_dtype", "model_type",
+          "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_d_conv",
+          "hybrid_override_pattern"]  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)

@@ -10,6 +10,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_real_engine_settings import FIELD_VALUES
 from test_vllm_engine import check_invariants, trace
 
 from conftest import random_trace, with_shared_prefixes
@@ -198,11 +201,16 @@ def test_what_vllm_cannot_do_with_recurrent_layers_is_refused_by_name():
         ({"mamba_ssm_dtype": "int4"}, "mamba_ssm_dtype='int4'; accepted: float32"),
         ({"layer_types": ["mamba"] * 48}, "layer_types has \\['mamba'\\]"),
         ({"layer_types": ["linear_attention"] * 47}, "names 47 layers' kinds for num_hidden_lay"),
+        ({"full_attention_interval": -2}, "full_attention_interval=-2: an integer >= 1"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers=1000000000: from 1 to 10000"),
     ],
 )
 def test_a_hybrid_config_missing_what_it_needs_is_an_error_naming_it(change, named):
     with pytest.raises(CostModelError, match=f"^m: config.json .*{named}"):
         model_from_hf_config({**QWEN3_NEXT, **change}, "m")
+    heads = {"mamba_d_head": None, "mamba_n_heads": 0}  # (the width would divide by them)
+    with pytest.raises(CostModelError, match="^m: config.json mamba_n_heads=0: an integer >= 1"):
+        model_from_hf_config({**GRANITE_4_H_SMALL, **heads}, "m")
 
 
 def test_granite_4_h_reads_its_mamba_2_layers_with_its_published_size():
@@ -259,3 +267,23 @@ def test_nemotron_h_reads_its_one_block_layers_and_pages_its_state_as_vllm_does(
     ]
     assert runs[0].token_times()[2].tolist() == runs[1].token_times()[2].tolist()
     assert (runs[0].status == 0).all()
+
+
+HYBRID_FIELDS = sorted({*QWEN3_NEXT, *GRANITE_4_H_SMALL, *NEMOTRON_3_NANO, "layer_types"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([QWEN3_NEXT, GRANITE_4_H_SMALL, NEMOTRON_3_NANO]),
+    st.dictionaries(st.sampled_from(HYBRID_FIELDS), FIELD_VALUES, max_size=3),
+    st.sampled_from([1, 2, 4]),
+)
+def test_any_hybrid_config_gives_a_model_or_an_error_naming_a_field_never_a_crash(base, change, tp):
+    try:
+        m = model_from_hf_config({**base, **change}, "m")
+        cost = RooflineCost(model=m, gpu="h100", tp=tp)
+        cost.step_time([(100, 0), (1, 50)])
+        cost.decode_time(4, 400)
+        cost.kv_block_size(16)
+    except CostModelError as err:
+        assert str(err).startswith(("m:", "model 'm':", "cost_model.")), str(err)
