@@ -7,6 +7,7 @@ fast-forward, and what is refused."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -19,8 +20,10 @@ from conftest import random_trace, with_shared_prefixes
 from cost_models import CostModelError, FittedCost, RooflineCost
 from cost_models.hf_config import model_from_hf_config
 from policies import FCFS, VTC
+from simulator.api import compose_config, run_config
 from simulator.core.errors import ConfigError
 from simulator.engines import ClusterConfig, VLLMConfig, simulate
+from simulator.report.console import format_summary
 
 # Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (the fields read): 48 layers, every fourth
 # attention (16 heads, 2 KV heads of 256, an output gate), the others gated DeltaNet (16 key
@@ -287,3 +290,21 @@ def test_any_hybrid_config_gives_a_model_or_an_error_naming_a_field_never_a_cras
         cost.kv_block_size(16)
     except CostModelError as err:
         assert str(err).startswith(("m:", "model 'm':", "cost_model.")), str(err)
+
+
+def test_the_run_says_its_blocks_were_grown_for_the_state(tmp_path):
+    config = tmp_path / "qwen3-next" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(QWEN3_NEXT))
+    overrides = [
+        "engine=vllm", "cost_model=fitted", f"cost_model.model={config}", "cost_model.gpu=h100",
+        "cost_model.tp=4", "workload=poisson_chat", "workload.duration=20", "compare_with=null",
+        "pictures=false", "veeksha_metrics=false", "~qoe",
+    ]  # fmt: skip
+    _, outputs = run_config(compose_config(overrides), tmp_path / "run")
+    assert outputs.summary["vllm"]["block_size"] == 272
+    assert "KV blocks of 272 tokens, not engine.block_size=16" in format_summary(outputs.summary)
+    # a model without recurrent layers keeps the configured block size and says nothing of it
+    plain = [o for o in overrides if not o.startswith(("cost_model.model", "cost_model.tp"))]
+    _, outputs = run_config(compose_config(plain), tmp_path / "plain")
+    assert "block_size" not in outputs.summary["vllm"]

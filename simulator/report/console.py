@@ -89,6 +89,13 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
             f"of admitted prompt tokens, {vllm['recompute_avoided_tokens']} tokens of recompute "
             "avoided by hits after preemptions",
         )
+        grown = vllm.get("block_size")
+        if grown is not None:
+            lines.append(
+                f"KV blocks of {grown} tokens, not engine.block_size="
+                f"{summary['config']['engine']['block_size']}: vLLM grows a block until one "
+                "layer's page of it holds a recurrent layer's state"
+            )
         moved = vllm.get("cpu_tier")
         if moved is not None:
             gb = {k: _fmt(v / 1e9, 2) for k, v in moved.items()}

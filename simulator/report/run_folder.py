@@ -130,6 +130,9 @@ def summarize(
         moved = {k: v for k, v in timeline.info.items() if k.startswith("cpu_kv_bytes_")}
         if moved:  # a CPU tier
             extra["vllm"]["cpu_tier"] = moved
+        used = timeline.info.get("block_size")
+        if used is not None and used != (config.get("engine") or {}).get("block_size"):
+            extra["vllm"]["block_size"] = used  # grown to hold a recurrent layer's state
     if "slo_class" in requests:  # SLO classes (the gateway's)
         extra["tiers"] = tier_summary(
             requests, facts.last_tokens, total=tick_span(timeline.info.get("end_time"))
