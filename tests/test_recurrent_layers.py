@@ -303,7 +303,7 @@ def test_the_run_says_its_blocks_were_grown_for_the_state(tmp_path):
     ]  # fmt: skip
     _, outputs = run_config(compose_config(overrides), tmp_path / "run")
     assert outputs.summary["vllm"]["block_size"] == 272
-    assert "KV blocks of 272 tokens, not engine.block_size=16" in format_summary(outputs.summary)
+    assert "KV blocks of 272 tokens, not engine.block_size's" in format_summary(outputs.summary)
     # a model without recurrent layers keeps the configured block size and says nothing of it
     plain = [o for o in overrides if not o.startswith(("cost_model.model", "cost_model.tp"))]
     _, outputs = run_config(compose_config(plain), tmp_path / "plain")

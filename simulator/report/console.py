@@ -92,9 +92,8 @@ def format_summary(summary: dict[str, Any], max_rows: int | None = DEFAULT_ROWS)
         grown = vllm.get("block_size")
         if grown is not None:
             lines.append(
-                f"KV blocks of {grown} tokens, not engine.block_size="
-                f"{summary['config']['engine']['block_size']}: vLLM grows a block until one "
-                "layer's page of it holds a recurrent layer's state"
+                f"KV blocks of {grown} tokens, not engine.block_size's: vLLM grows a block "
+                "until one layer's page of it holds a recurrent layer's state"
             )
         moved = vllm.get("cpu_tier")
         if moved is not None:

@@ -131,7 +131,8 @@ def summarize(
         if moved:  # a CPU tier
             extra["vllm"]["cpu_tier"] = moved
         used = timeline.info.get("block_size")
-        if used is not None and used != (config.get("engine") or {}).get("block_size"):
+        configured = (config.get("engine") or {}).get("block_size")
+        if None not in (used, configured) and used != configured:
             extra["vllm"]["block_size"] = used  # grown to hold a recurrent layer's state
     if "slo_class" in requests:  # SLO classes (the gateway's)
         extra["tiers"] = tier_summary(
