@@ -448,6 +448,9 @@ def attention_layers(c: dict[str, Any], name: str) -> list[str]:
     )
     mamba = str(c.get("model_type")) in MAMBA_TYPES  # Mamba-2 layers fairsim reads
     read = {"mamba_d_state", "ssm_state_size", "hybrid_override_pattern"} if mamba else set()
+    kinds = c.get("attn_type_list")  # MiniMax's: 1 full attention, 0 lightning (linear)
+    if isinstance(kinds, list) and kinds and all(k == 1 for k in kinds):
+        read.add("attn_type_list")  # MiniMax-M2's: every layer full attention
     for key in RECURRENT_FIELDS:
         if c.get(key) is not None and key not in read:
             raise CostModelError(f"{name}: config.json has {key}: {not_modelled}")

@@ -147,6 +147,25 @@ def test_a_shared_expert_wider_than_the_routed_ones_counts_its_whole_width():
     assert active_params(m) == pytest.approx(14e9, rel=0.03)
 
 
+def test_minimax_m2_whose_every_layer_is_full_attention_reads_with_its_published_size():
+    # MiniMaxAI/MiniMax-M2's config.json (the fields read): its attn_type_list marks every
+    # layer 1, full attention (MiniMax-01 and M1 mark lightning-attention layers 0)
+    minimax_m2 = {
+        "model_type": "minimax_m2", "hidden_size": 3072, "intermediate_size": 1536,
+        "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8,
+        "head_dim": 128, "num_local_experts": 256, "num_experts_per_tok": 8,
+        "shared_intermediate_size": 0, "vocab_size": 200064, "tie_word_embeddings": False,
+        "attn_type_list": [1] * 62, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    m = model_from_hf_config(minimax_m2, "minimax-m2")
+    # its model card: 230B parameters, 10B active
+    assert m.params == pytest.approx(230e9, rel=0.01)
+    assert active_params(m) == pytest.approx(10e9, rel=0.05)
+    assert m.kv_bytes_per_token == 62 * 2 * 8 * 128 * 2
+    with pytest.raises(CostModelError, match="^m1: config.json has attn_type_list"):
+        model_from_hf_config({**minimax_m2, "attn_type_list": [0, 1] * 31}, "m1")
+
+
 def test_families_with_a_two_matrix_mlp_read_with_the_published_size():
     # EleutherAI/pythia-6.9b's config.json: GPT-NeoX, an up and a down projection (GELU); the
     # Pythia paper counts 6,857,302,016 parameters (biases and norms, left out here, are 0.03%)
