@@ -174,6 +174,7 @@ def model_from_hf_config(
     text = config.get("text_config")
     c = {**config, **text} if isinstance(text, dict) else config  # Llama 4, multimodal wrappers
     c = {**MODEL_TYPE_DEFAULTS.get(str(c.get("model_type")), {}), **c}
+    c = {**{usual: c[own] for own, usual in FIELD_NAMES.items() if own in c}, **c}
     c = checked_fields(c, name)
 
     def need(*keys: str) -> Any:
@@ -201,6 +202,8 @@ def model_from_hf_config(
     if experts and c.get("moe_layer_freq"):  # DeepSeek: every n-th layer after the dense ones
         step = int(c["moe_layer_freq"])
     dense_first = int(c.get("first_k_dense_replace") or 0) if experts else 0
+    last = c.get("moe_layer_end_index")  # ERNIE 4.5: MoE layers up to this one (-1: the last)
+    moe_count = len(range(dense_first, last + 1, step)) if experts and last not in (None, -1) else 0
     latent = int(c.get("kv_lora_rank") or 0)  # DeepSeek's multi-head latent attention
     topk = int(c.get("index_topk") or 0)  # DeepSeek's sparse attention
     layers = int(need("num_hidden_layers"))
@@ -289,7 +292,7 @@ def model_from_hf_config(
         attention_output_gate=bool(c.get("attn_output_gate", False)),
         mixer_only_layers=layers - mlp_only if mlp_only else 0,
         mlp_only_layers=mlp_only,
-        moe_layer_count=moe_blocks,
+        moe_layer_count=moe_blocks or moe_count,
         sliding_layers=chunked or (0 if every_layer else sliding),
         sliding_window=(
             int(need("attention_chunk_size"))
@@ -302,6 +305,17 @@ def model_from_hf_config(
         window_all_layers=int(need("sliding_window")) if every_layer else 0,
         expert_bytes=expert_bytes,
     )
+
+
+# a family's own names for the usual fields, read as them where the usual name is absent:
+# ERNIE 4.5's mixture of experts
+FIELD_NAMES = {
+    "moe_num_experts": "num_experts",
+    "moe_k": "num_experts_per_tok",
+    "moe_num_shared_experts": "num_shared_experts",
+    "moe_layer_start_index": "first_k_dense_replace",
+    "moe_layer_interval": "moe_layer_freq",
+}
 
 
 # What a family's transformers config class fills in when its config.json leaves a field out
@@ -492,6 +506,7 @@ INTEGER_FIELDS = (
     "mamba_d_conv", "mamba_expand", "shared_intermediate_size", "mamba_num_heads",
     "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "expand",
     "moe_shared_expert_intermediate_size", "shared_expert_intermediate_size",
+    "moe_layer_end_index",
 )  # fmt: skip
 MOST_LAYERS = 10_000  # far beyond any published model's (DeepSeek-V3: 61, Llama 3.1 405B: 126)
 QUANT_INTEGER_FIELDS = ("bits", "w_bit", "group_size", "q_group_size")

@@ -166,6 +166,26 @@ def test_minimax_m2_whose_every_layer_is_full_attention_reads_with_its_published
         model_from_hf_config({**minimax_m2, "attn_type_list": [0, 1] * 31}, "m1")
 
 
+def test_ernie_4_5s_own_names_for_its_experts_read_with_its_published_size():
+    # baidu/ERNIE-4.5-300B-A47B's config.json (the fields read): its experts under their own
+    # names (moe_num_experts, moe_k, moe_layer_start_index ...), once read as a dense 47.9B model
+    ernie = {
+        "model_type": "ernie4_5_moe", "hidden_size": 8192, "intermediate_size": 28672,
+        "moe_intermediate_size": 3584, "moe_num_experts": 64, "moe_k": 8,
+        "moe_layer_start_index": 3, "moe_layer_end_index": 53, "moe_layer_interval": 1,
+        "moe_num_shared_experts": 0, "num_hidden_layers": 54, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "vocab_size": 103424, "tie_word_embeddings": False,
+    }  # fmt: skip
+    m = model_from_hf_config(ernie, "ernie-4.5-300b-a47b")
+    assert (m.experts, m.experts_per_token, m.dense_layers_first, m.moe_layers) == (64, 8, 3, 51)
+    # its name: 300B parameters, 47B active
+    assert m.params == pytest.approx(300e9, rel=0.005)
+    assert active_params(m) == pytest.approx(47e9, rel=0.01)
+    # experts stopping before the last layer leave the rest dense
+    shorter = model_from_hf_config({**ernie, "moe_layer_end_index": 43}, "e")
+    assert shorter.moe_layers == 41 and shorter.params < m.params
+
+
 def test_families_with_a_two_matrix_mlp_read_with_the_published_size():
     # EleutherAI/pythia-6.9b's config.json: GPT-NeoX, an up and a down projection (GELU); the
     # Pythia paper counts 6,857,302,016 parameters (biases and norms, left out here, are 0.03%)
