@@ -188,6 +188,15 @@ def model_from_hf_config(
     experts = int(
         c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0
     )
+    if not experts:  # experts under names fairsim does not read would be read as dense
+        counts = {k: v for k, v in c.items() if "num" in k and "expert" in k}
+        unread = [k for k, v in counts.items() if type(v) is int and v > 1]
+        if unread:
+            raise CostModelError(
+                f"{name}: config.json has {unread[0]}={c[unread[0]]} but none of "
+                "num_local_experts, num_experts, n_routed_experts, moe_num_experts: its experts "
+                "are named as fairsim does not read them"
+            )
     moe_width = c.get("moe_intermediate_size") if experts else None
     mamba = str(c.get("model_type")) in MAMBA_TYPES
     if mamba and not experts:  # Granite 4.0-H's dense MLP is its "shared" one

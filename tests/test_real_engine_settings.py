@@ -184,6 +184,10 @@ def test_ernie_4_5s_own_names_for_its_experts_read_with_its_published_size():
     # experts stopping before the last layer leave the rest dense
     shorter = model_from_hf_config({**ernie, "moe_layer_end_index": 43}, "e")
     assert shorter.moe_layers == 41 and shorter.params < m.params
+    # experts under names fairsim does not read are an error, not a dense model
+    unknown = {k: v for k, v in ernie.items() if k not in ("moe_num_experts", "moe_k")}
+    with pytest.raises(CostModelError, match="^e: config.json has num_expert_count=64 but none"):
+        model_from_hf_config({**unknown, "num_expert_count": 64}, "e")
 
 
 def test_families_with_a_two_matrix_mlp_read_with_the_published_size():
