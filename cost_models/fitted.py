@@ -94,7 +94,7 @@ class FittedCost(RooflineCost):
     def _use(self, beta: dict[str, float], frontend: float, frontend_steps: float = 0.0) -> None:
         object.__setattr__(self, "beta", beta)
         m, g = self.model_spec, self.gpu_spec
-        peak, bw = self.tp * g.flops_for(m.compute), self.tp * g.hbm_bandwidth
+        peak, bw = self.tp * g.flops_for(m.attention_compute), self.tp * g.hbm_bandwidth
         # seconds per (query, key) pair and per KV token read, times their coefficient
         object.__setattr__(
             self,
@@ -129,8 +129,9 @@ class FittedCost(RooflineCost):
         if m.recurrent_layers:  # the recurrent layers' state updates beyond their projections
             flops = flops + m.recurrent_token_flops * t
         beyond = np.maximum(flops / peak - weights, 0.0)  # compute not hidden under the reads
+        attention_peak = tp * g.flops_for(m.attention_compute)
         attention = np.maximum(
-            float(m.attention_pair_flops) * np.asarray(pairs, dtype=np.float64) / peak,
+            float(m.attention_pair_flops) * np.asarray(pairs, dtype=np.float64) / attention_peak,
             np.asarray(kv_tokens, dtype=np.float64) * m.kv_bytes_over(tp) / bw,
         )
         ring = np.zeros_like(t)

@@ -16,7 +16,7 @@ import numpy as np
 from cost_models.base import CostModelError
 
 GIB = 1024**3
-COMPUTE_FORMATS = ("16-bit", "fp8", "int8")
+COMPUTE_FORMATS = ("16-bit", "fp8", "int8", "fp4")
 # vLLM's caches of a sparse-attention model store fp8 values with one fp32 scale per this many
 INDEX_QUANT_BLOCK = 128
 
@@ -245,6 +245,12 @@ class ModelSpec:
                 f"model {self.name!r}: latent attention (kv_lora_rank) needs qk_rope_head_dim "
                 "and v_head_dim >= 1"
             )
+
+    @property
+    def attention_compute(self) -> str:
+        """The number format attention's products run in: the linear layers' (`compute`), but
+        16-bit where those are fp4 (no attention kernel runs in fp4)."""
+        return "16-bit" if self.compute == "fp4" else self.compute
 
     @property
     def linear_width(self) -> float:
@@ -572,6 +578,7 @@ class GPUSpec:
     link_bandwidth: float = 0.0  # bytes/s per GPU for tensor-parallel all-reduce (0: none)
     fp8_flops: float = 0.0  # dense fp8 FLOP/s (0: no fp8 tensor cores; fp8 weights run at bf16)
     int8_flops: float = 0.0  # dense int8 OP/s (0: the fp8 rate, else the 16-bit one)
+    fp4_flops: float = 0.0  # dense fp4 FLOP/s (0: no fp4 units; NVFP4 weights at the 16-bit rate)
     # GPUs wired to each other directly, without a switch (AMD's Infinity Fabric mesh):
     # `link_bandwidth` is then per peer, and an all-reduce over tp GPUs runs on tp - 1 links
     mesh: bool = False
@@ -580,7 +587,7 @@ class GPUSpec:
         for key in ("memory_bytes", "hbm_bandwidth", "peak_flops"):
             if not getattr(self, key) > 0:
                 raise CostModelError(f"gpu {self.name!r}: {key} must be > 0")
-        for key in ("link_bandwidth", "fp8_flops", "int8_flops"):
+        for key in ("link_bandwidth", "fp8_flops", "int8_flops", "fp4_flops"):
             if not getattr(self, key) >= 0:
                 raise CostModelError(f"gpu {self.name!r}: {key} must be >= 0 (0: none)")
 
@@ -590,13 +597,15 @@ class GPUSpec:
         return self.link_bandwidth * (tp - 1) if self.mesh else self.link_bandwidth
 
     def flops_for(self, compute: str) -> float:
-        """Dense tensor FLOP/s of matrix products in `compute` (`ModelSpec.compute`): fp8 and
-        int8 at their own rates where the GPU has such units, else at the 16-bit rate (vLLM
+        """Dense tensor FLOP/s of matrix products in `compute` (`ModelSpec.compute`): fp8, int8
+        and fp4 at their own rates where the GPU has such units, else at the 16-bit rate (vLLM
         then dequantizes the weights to 16 bits)."""
         if compute == "int8":
             return self.int8_flops or self.fp8_flops or self.peak_flops
         if compute == "fp8":
             return self.fp8_flops or self.peak_flops
+        if compute == "fp4":  # (without FP4 units vLLM runs NVFP4 weight-only, Marlin)
+            return self.fp4_flops or self.peak_flops
         return self.peak_flops
 
 
@@ -648,7 +657,7 @@ MODELS = {
 # with fp32 accumulation (165 TFLOP/s; 330 with fp16 accumulation, which vLLM does not use).
 # Dense INT8 tensor rates from the same datasheets (the A10's for the A10G); the RTX PRO 6000's
 # datasheet gives none, so int8 runs at its fp8 rate there. B200: the HGX B200 at 1,000 W (2.25
-# PFLOP/s dense bf16, 4.5 fp8 and int8; NVLink 5 at 1.8 TB/s both ways), 183,359 MiB as CUDA
+# PFLOP/s dense bf16, 4.5 fp8 and int8, 9 fp4; NVLink 5 at 1.8 TB/s both ways), 183,359 MiB as CUDA
 # reports it, and 7.7 TB/s: its drivers report a 7,680-bit bus, which at its 3,996 MHz memory
 # clock moves 7.67 TB/s (NVIDIA rounds to 8). A100 40GB: the 80GB card's rates at 1,555 GB/s.
 # L4: the datasheet's rates halved (it quotes them with sparsity), 23,034 MiB, PCIe Gen4.
@@ -662,7 +671,7 @@ GPUS = {
         GPUSpec("a100-40gb", 40 * GIB, 1.555e12, 312e12, link_bandwidth=300e9, int8_flops=624e12),
         GPUSpec("a100-80gb", 80 * GIB, 2.0e12, 312e12, link_bandwidth=300e9, int8_flops=624e12),
         GPUSpec("b200", 183359 * 2**20, 7.7e12, 2250e12, link_bandwidth=900e9, fp8_flops=4500e12,
-                int8_flops=4500e12),
+                int8_flops=4500e12, fp4_flops=9000e12),
         GPUSpec("h100", 81559 * 2**20, 3.35e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,
                 int8_flops=1979e12),
         GPUSpec("h200", 143771 * 2**20, 4.8e12, 989e12, link_bandwidth=450e9, fp8_flops=1979e12,

@@ -19,7 +19,7 @@ widths, `linear_conv_kernel_dim`, `mamba_ssm_dtype`) and Granite 4.0-H's Mamba-2
 `mamba_d_conv`), and Nemotron-H's one-block layers (`hybrid_override_pattern`: Mamba-2,
 attention, MLP, experts);
 `tie_word_embeddings`; a two-matrix MLP for the families that have one (`PLAIN_MLP`); the
-weights' format from `quantization_config` (fp8, int8 W8A8, 8- and
+weights' format from `quantization_config` (fp8, int8 W8A8, NVFP4, 8- and
 4-bit weight-only: `WEIGHT_FORMATS`; gpt-oss's mxfp4 experts), else `torch_dtype` (or
 `dtype`), which `dtype=` overrides. An unknown architecture still loads when its fields are the
 usual ones; a missing field, a quantization not modelled, or layers that are neither attention
@@ -71,6 +71,9 @@ WEIGHT_FORMATS = {
     "int8": WeightFormat(1.0, "int8"),  # W8A8 int8 (SmoothQuant-style)
     "w8a16": weight_only(8),  # 8-bit weights, 16-bit products (GPTQ 8-bit, fp8 weight-only)
     "w4a16": weight_only(4),  # 4-bit weights, 16-bit products (AWQ, GPTQ)
+    # NVFP4: 4-bit floats with an fp8 scale per 16, products in fp4 where the GPU has fp4 units
+    # (Blackwell), else dequantized to 16 bits
+    "nvfp4": WeightFormat(0.5 + 1 / 16, "fp4"),
 }
 QUANTIZED = [name for name, f in WEIGHT_FORMATS.items() if f.quantized]
 ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "bf16"}
@@ -99,6 +102,8 @@ def quantized_format(quant: dict[str, Any], name: str) -> WeightFormat | None:
         return WEIGHT_FORMATS["fp8"]
     if method == "modelopt" and str(quant.get("quant_algo", "")).upper() == "FP8":
         return WEIGHT_FORMATS["fp8"]
+    if method == "modelopt" and str(quant.get("quant_algo", "")).upper() == "NVFP4":
+        return WEIGHT_FORMATS["nvfp4"]
     if method in ("awq", "gptq", "auto-round", "awq-marlin", "gptq-marlin"):
         bits = int(quant.get("bits") or quant.get("w_bit") or 4)
         if bits not in (2, 3, 4, 8):
@@ -109,7 +114,8 @@ def quantized_format(quant: dict[str, Any], name: str) -> WeightFormat | None:
         return compressed_tensors_format(quant, where)
     raise CostModelError(
         f"{where}.quant_method={quant.get('quant_method')!r} is not modelled; accepted: fp8, "
-        "fbgemm_fp8, modelopt (FP8), compressed-tensors (fp8, int8, 8- or 4-bit weight-only), "
+        "fbgemm_fp8, modelopt (FP8, NVFP4), compressed-tensors (fp8, int8, nvfp4, 8- or 4-bit "
+        "weight-only), "
         f"awq, gptq, auto-round, mxfp4; or choose the weights' format with cost_model.dtype "
         f"({', '.join(QUANTIZED)})"
     )
@@ -138,11 +144,14 @@ def compressed_tensors_format(quant: dict[str, Any], where: str) -> WeightFormat
     bits, kind, group, act_bits = schemes.pop()
     if bits == 8 and act_bits == 8:
         return WEIGHT_FORMATS["fp8" if kind == "float" else "int8"]
+    if bits == 4 and kind == "float" and group == 16:  # NVFP4 (W4A4), or its weight-only form
+        return WEIGHT_FORMATS["nvfp4"] if act_bits == 4 else WeightFormat(0.5 + 1 / 16, "16-bit")
     if bits in (4, 8) and act_bits == 16:
         return weight_only(bits, group)
     raise CostModelError(
         f"{where}: {bits}-bit {kind} weights with {act_bits}-bit activations are not modelled "
-        f"(W8A8, W8A16, W4A16 are); or choose one with cost_model.dtype: {', '.join(QUANTIZED)}"
+        f"(W8A8, W8A16, W4A16, NVFP4 are); or choose one with cost_model.dtype: "
+        f"{', '.join(QUANTIZED)}"
     )
 
 

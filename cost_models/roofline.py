@@ -76,7 +76,7 @@ class RooflineCost:
         m, g = self.model_spec, self.gpu_spec
         rates = (
             float(m.attention_pair_flops)
-            / (self.tp * g.flops_for(m.compute) * self.compute_efficiency),
+            / (self.tp * g.flops_for(m.attention_compute) * self.compute_efficiency),
             m.kv_bytes_over(self.tp) / (self.tp * g.hbm_bandwidth * self.memory_efficiency),
         )
         object.__setattr__(self, "_rates", rates)
@@ -111,12 +111,16 @@ class RooflineCost:
         return self.gpu  # type: ignore[return-value]
 
     # ---- building blocks ----------------------------------------------------------------
-    def _roof(self, flops: float | np.ndarray, nbytes: float | np.ndarray) -> np.ndarray:
+    def _roof(
+        self, flops: float | np.ndarray, nbytes: float | np.ndarray, compute: str | None = None
+    ) -> np.ndarray:
+        """The longer of `flops` at the GPU's rate for `compute` (the model's by default) and
+        `nbytes` at its bandwidth."""
         g, m = self.gpu_spec, self.model_spec
-        peak = g.flops_for(m.compute)
-        compute = np.asarray(flops) / (self.tp * peak * self.compute_efficiency)
+        peak = g.flops_for(compute or m.compute)
+        computing = np.asarray(flops) / (self.tp * peak * self.compute_efficiency)
         memory = np.asarray(nbytes) / (self.tp * g.hbm_bandwidth * self.memory_efficiency)
-        return np.maximum(compute, memory)
+        return np.maximum(computing, memory)
 
     def linear_time(self, tokens: float | np.ndarray) -> np.ndarray:
         """The decoder layers' matrix products over `tokens` tokens."""
@@ -134,7 +138,7 @@ class RooflineCost:
         m = self.model_spec
         flops = float(m.attention_pair_flops) * np.asarray(pairs, dtype=np.float64)
         tokens = np.asarray(kv_read, dtype=np.float64) + np.asarray(kv_written, dtype=np.float64)
-        return self._roof(flops, tokens * m.kv_bytes_over(self.tp))
+        return self._roof(flops, tokens * m.kv_bytes_over(self.tp), m.attention_compute)
 
     def head_time(self, requests: float | np.ndarray) -> np.ndarray:
         m = self.model_spec

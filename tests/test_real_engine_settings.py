@@ -330,8 +330,9 @@ def test_a_quantization_fairsim_does_not_model_is_an_error_naming_it():
     chosen = {**LLAMA_3_1_70B, "quantization_config": bnb}
     assert model_from_hf_config(chosen, "m", dtype="w4a16").linear_bytes == 0.5 + 2 / 128
     nvfp4 = {"num_bits": 4, "type": "float", "group_size": 16}
+    mxfp4 = {"num_bits": 4, "type": "float", "group_size": 32}  # (MXFP4 W4A4: not modelled)
     with pytest.raises(CostModelError, match="4-bit float weights with 4-bit activations are not"):
-        read(compressed_tensors(nvfp4, nvfp4))
+        read(compressed_tensors(mxfp4, mxfp4))
     mixed = compressed_tensors({"num_bits": 8, "type": "float"}, {"num_bits": 8})
     mixed["config_groups"]["group_1"] = {"weights": nvfp4, "input_activations": nvfp4}
     with pytest.raises(CostModelError, match="2 schemes in config_groups; one is modelled"):
@@ -395,6 +396,39 @@ def test_any_config_json_gives_a_model_or_an_error_naming_a_field_never_a_crash(
         RooflineCost(model=m, gpu="h100").step_time([(100, 0), (1, 50)])
     except CostModelError as err:
         assert str(err).startswith(("m:", "model 'm':", "cost_model."))
+
+
+def test_nvfp4_weights_run_at_the_fp4_rate_on_blackwell_and_weight_only_elsewhere():
+    # NVFP4: 4-bit floats with an fp8 scale per 16 values, from ModelOpt or llm-compressor
+    modelopt = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+    nvfp4 = {"num_bits": 4, "type": "float", "group_size": 16}
+    for quant in (modelopt, compressed_tensors(nvfp4, nvfp4)):
+        m = model_from_hf_config({**LLAMA_3_1_70B, "quantization_config": quant}, "m")
+        assert (m.linear_bytes, m.compute, m.attention_compute) == (0.5625, "fp4", "16-bit")
+    weight_only = compressed_tensors(nvfp4, None)  # NVFP4A16: 16-bit products
+    assert (
+        model_from_hf_config({**LLAMA_3_1_70B, "quantization_config": weight_only}, "m").compute
+        == "16-bit"
+    )
+    m = model_from_hf_config({**LLAMA_3_1_70B, "quantization_config": modelopt}, "m")
+    bf16 = model_from_hf_config(LLAMA_3_1_70B, "m")
+    # the B200's datasheet: 9 PFLOP/s dense fp4, 4 x its 16-bit rate; the H100 has no fp4 units
+    assert GPUS["b200"].flops_for("fp4") == 4 * GPUS["b200"].flops_for("16-bit")
+    assert GPUS["h100"].flops_for("fp4") == GPUS["h100"].flops_for("16-bit")
+    prefill = [(8192, 0)]
+    b200, b200_bf16 = (RooflineCost(model=x, gpu="b200", tp=2) for x in (m, bf16))
+    matmul = b200.step_time(prefill) - float(b200.attention_time(8192 * 8193 / 2, 0, 8192))
+    matmul_bf16 = b200_bf16.step_time(prefill) - float(
+        b200_bf16.attention_time(8192 * 8193 / 2, 0, 8192)
+    )
+    assert matmul < 0.3 * matmul_bf16  # the products at the fp4 rate (about a quarter)
+    # attention stays 16-bit: the same time as the 16-bit model's
+    assert float(b200.attention_time(10**8, 0, 0)) == float(b200_bf16.attention_time(10**8, 0, 0))
+    h100, h100_bf16 = (RooflineCost(model=x, gpu="h100", tp=4) for x in (m, bf16))
+    # on the H100 (no fp4 units) only the reads shrink: a decode step is faster, a long prefill
+    # (compute-bound) is not
+    assert h100.decode_time(8, 8000) < 0.5 * h100_bf16.decode_time(8, 8000)
+    assert h100.step_time(prefill) == pytest.approx(h100_bf16.step_time(prefill), rel=1e-3)
 
 
 def test_int8_products_run_at_the_int8_rate_and_4_bit_weights_only_speed_up_the_reads():
