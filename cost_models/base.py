@@ -151,12 +151,13 @@ def sparse_step_shape(
     topk, indexer_flops, latent_share, key_share = sparse
     picked = float(min(decode_context, decode_batch * topk))
     tokens, pairs, every, latents = decode_batch, picked, float(decode_context), picked
+    cached = float(decode_context)  # every cached token's index key
     for c, k in chunks:
         tokens += c
         pairs += windowed_pairs(k + c, topk) - windowed_pairs(k, topk)
         every += c * k + c * (c + 1) / 2
         latents += k
-    cached = float(decode_context + sum(k for _, k in chunks))
+        cached += k
     return tokens, pairs + indexer_flops * every, latent_share * latents + key_share * cached
 
 

@@ -52,10 +52,11 @@ QWEN3_8_27B = {
     },
 }  # fmt: skip
 
-# ibm-granite/granite-4.0-h-small's config.json (the fields read): 40 layers, 4 of them
-# attention ("attention"), 36 Mamba-2 ("mamba": 128 heads of 64, a 128-wide state, one group,
-# a 4-wide convolution), every layer a MoE of 72 experts of 768 (10 active) and a shared one
-# of 1,536
+# ibm-granite/granite-4.0-h-small's config.json (the fields read, as a public write-up quotes
+# it): 40 layers, 4 of them attention ("attention"), 36 Mamba-2 ("mamba": a 128-wide state, a
+# 4-wide convolution, mamba_expand 2), every layer a MoE of 72 experts of 768 (10 active) and a
+# shared one of 1,536; the heads (128 of 64, one group) are not in that quote: 128 x 64 is
+# mamba_expand x hidden
 GRANITE_4_H_SMALL = {
     "model_type": "granitemoehybrid", "hidden_size": 4096, "num_hidden_layers": 40,
     "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 72,
@@ -67,9 +68,10 @@ GRANITE_4_H_SMALL = {
 }  # fmt: skip
 
 # Nemotron 3 Nano 30B-A3B: 52 one-block layers (M Mamba-2, * attention, E mixture of experts),
-# attention and Mamba-2 fields as its config.json gives them (vLLM's paging of it traced in the
-# apron project's tests), its MoE as NVIDIA describes it: 128 experts of 1,856, 6 active, a
-# shared one of 3,712, squared-ReLU MLPs
+# the pattern, attention and Mamba-2 fields as its config.json gives them (copied, with vLLM's
+# paging of it, in the apron project's tests); its MoE fields (128 experts of 1,856, 6 active,
+# a shared one of 3,712, squared-ReLU MLPs) as we read its published description, not copied
+# from the file: only the totals they give are checked, against NVIDIA's figures
 NEMOTRON_3_NANO = {
     "model_type": "nemotron_h",
     "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
